@@ -1,0 +1,79 @@
+# Tessera: one entry point for every job. `make run` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PORT ?= 8000
+# Give the database and Tessera's own state a fixed home unless the caller chose one.
+export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
+
+.PHONY: help venv run worker beat migrate demo test test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+
+help:
+	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
+	@echo "make test    set up and run the whole suite (lint, shim, SQLite and PostgreSQL)"
+	@echo "make bench   print the benchmarks' figures"
+	@echo "make lint    ruff, mypy, import-linter"
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+ (Debian: apt-get install python3 python3-venv)" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: Python 3.11 or newer is needed" >&2; exit 1; }
+	@$(PYTHON) -m venv $(VENV) || { echo "error: cannot create a virtualenv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+	$(VENV)/bin/pip install --quiet --upgrade "pip>=25.1"
+	$(VENV)/bin/pip install --quiet -e . --group dev
+	@touch $@
+
+venv: $(STAMP)
+
+migrate: venv
+	$(PY) manage.py migrate --noinput
+
+# The main job: production app server (gunicorn) on loopback, with the embedded demo when no
+# cluster is configured. PORT and DATABASE_URL in the environment override port and database.
+run: venv migrate
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(PY) manage.py demo --setup-only
+	PORT=$(PORT) scripts/run.sh
+
+# The reconciler in production shape: Celery worker and beat, broker REDIS_URL.
+worker: venv
+	$(VENV)/bin/celery -A controlplane.celery worker --loglevel=INFO --queues=tessera
+
+beat: venv
+	$(VENV)/bin/celery -A controlplane.celery beat --loglevel=INFO
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy controlplane/scheduling
+	$(VENV)/bin/lint-imports
+
+check-shim: venv
+	$(MAKE) -C shim check PYTHON=$(CURDIR)/$(PY)
+
+# The whole suite: lint, the shim's C checks, then pytest against SQLite and PostgreSQL.
+# PostgreSQL and Redis are started (and installed when absent) by scripts/services.sh.
+test: lint check-shim test-python
+
+test-python: venv
+	@eval "$$(scripts/services.sh up)" && \
+	echo "== pytest on SQLite" && \
+	env -u DATABASE_URL $(PY) -m pytest && \
+	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
+	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access
+
+services:
+	@scripts/services.sh up
+
+services-down:
+	@scripts/services.sh down
+
+bench: venv
+	$(PY) bench/bench_core.py
+	$(MAKE) -C shim bench
+
+clean:
+	rm -rf $(VENV) .local
+	$(MAKE) -C shim clean

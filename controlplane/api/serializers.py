@@ -1,0 +1,70 @@
+"""Serializers: validate and translate, nothing else."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rest_framework import serializers
+
+from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from controlplane.ledger.services import CardReport, InventoryReport
+
+MAX_CARDS_PER_NODE = 64
+MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
+_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+class CardReportSerializer(serializers.Serializer):
+    uuid = StrictCharField(max_length=64)
+    index = StrictIntegerField(min_value=0, max_value=MAX_CARDS_PER_NODE - 1)
+    model = StrictCharField(max_length=128)
+    memory_mib = StrictIntegerField(min_value=1, max_value=MAX_CARD_MEMORY_MIB)
+    numa_node = StrictIntegerField(min_value=-1, max_value=1023, allow_null=True, required=False)
+    healthy = StrictBooleanField()
+    health_reason = StrictCharField(max_length=256, allow_blank=True, required=False, default="")
+
+    def validate_uuid(self, value: str) -> str:
+        if not _UUID.match(value):
+            raise serializers.ValidationError(
+                "Must be the NVML UUID (e.g. GPU-8f3c...): letters, digits and '-_.:' only."
+            )
+        return value
+
+
+class InventoryReportSerializer(serializers.Serializer):
+    plugin_version = StrictCharField(max_length=64, allow_blank=True)
+    cards = CardReportSerializer(many=True, max_length=MAX_CARDS_PER_NODE, allow_empty=True)
+
+    def validate_cards(self, cards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for key in ("uuid", "index"):
+            seen: dict[Any, int] = {}
+            for position, card in enumerate(cards):
+                value = card[key]
+                if value in seen:
+                    raise serializers.ValidationError(
+                        {
+                            f"[{position}].{key}": f"Duplicate {key} {value!r}: also reported "
+                            f"at cards[{seen[value]}]; each card appears once."
+                        }
+                    )
+                seen[value] = position
+        return cards
+
+    def to_report(self) -> InventoryReport:
+        data = self.validated_data
+        return InventoryReport(
+            plugin_version=data["plugin_version"],
+            cards=tuple(
+                CardReport(
+                    uuid=c["uuid"],
+                    index=c["index"],
+                    model=c["model"],
+                    memory_mib=c["memory_mib"],
+                    numa_node=None if c.get("numa_node") in (None, -1) else c["numa_node"],
+                    healthy=c["healthy"],
+                    health_reason=c.get("health_reason", ""),
+                )
+                for c in data["cards"]
+            ),
+        )

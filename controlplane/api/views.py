@@ -1,0 +1,57 @@
+"""REST adapters: authenticate, validate, call a service, translate the result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.access.roles import Role, has_role
+from controlplane.api.serializers import InventoryReportSerializer
+from controlplane.ledger import services
+from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
+
+
+class IsNodeOrAdmin(BasePermission):
+    message = "Reporting inventory needs a node identity (or an admin)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return has_role(request.user, Role.NODE) or has_role(request.user, Role.ADMIN)
+
+
+class NodeInventoryView(APIView):
+    """`PUT /api/v1/nodes/<name>/inventory`: a node plugin's report and heartbeat (DESIGN §7).
+
+    A node identity may report only its own node (its username is the node name); an admin may
+    report any. The first report creates the node (201); later ones answer 200.
+    """
+
+    permission_classes = [IsNodeOrAdmin]
+
+    def put(self, request: Request, name: str) -> Response:
+        if not is_node_name(name):
+            raise ValidationError({"name": f"{name!r} is not a valid node name: {NODE_NAME_HELP}"})
+        if has_role(request.user, Role.NODE) and request.user.get_username() != name:
+            raise PermissionDenied(
+                f"this token belongs to node {request.user.get_username()!r}; it may report only "
+                "that node's inventory"
+            )
+        serializer = InventoryReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = services.apply_inventory(
+            name, serializer.to_report(), actor=request.user.get_username()
+        )
+        body = {
+            "node": result.node.name,
+            "created": result.created,
+            "cards": len(serializer.validated_data["cards"]),
+            "cards_added": list(result.cards_added),
+            "cards_missing": list(result.cards_missing),
+            "last_heartbeat": result.node.last_heartbeat,
+        }
+        return Response(body, status=status.HTTP_201_CREATED if result.created else 200)

@@ -1,0 +1,202 @@
+"""The allocation ledger (DESIGN §2): the source of truth for who holds which part of which GPU.
+
+Rows are written only by `controlplane.ledger.services`; read them through
+`controlplane.ledger.selectors`.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class Node(models.Model):
+    """A Kubernetes node that runs the Tessera node plugin."""
+
+    name = models.CharField(max_length=253, unique=True)
+    ready = models.BooleanField(
+        default=True, help_text="The plugin reports; false once it has been silent too long."
+    )
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    plugin_version = models.CharField(max_length=64, blank=True)
+    cordoned = models.BooleanField(default=False, help_text="Operator flag: place nothing new.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Card(models.Model):
+    """One physical GPU of a node, identified by its NVML UUID."""
+
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="cards")
+    uuid = models.CharField(max_length=64, unique=True)
+    index = models.PositiveSmallIntegerField()
+    model = models.CharField(max_length=128)
+    memory_mib = models.PositiveIntegerField()
+    compute_units = models.PositiveSmallIntegerField(default=100, help_text="100 = whole card.")
+    slots = models.PositiveSmallIntegerField(help_text="Most slices the card holds at once.")
+    numa_node = models.SmallIntegerField(null=True, blank=True)
+    healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=256, blank=True)
+    cordoned = models.BooleanField(default=False, help_text="Operator flag: place nothing new.")
+    present = models.BooleanField(
+        default=True, help_text="In the node's latest report; absent cards take no new slices."
+    )
+    last_seen = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.uuid} ({self.model}, {self.node_id}#{self.index})"
+
+    @property
+    def schedulable(self) -> bool:
+        return self.healthy and self.present and not self.cordoned
+
+
+class PodBinding(models.Model):
+    """A pod's claim on a node's cards: reserved at bind, mirrored to the API server."""
+
+    class Phase(models.TextChoices):
+        RESERVED = "reserved", "reserved"  # ledger written, Binding not yet confirmed
+        BOUND = "bound", "bound"  # the API server accepted the Binding
+        ALLOCATED = "allocated", "allocated"  # the node plugin handed the cards to the container
+        RELEASED = "released", "released"  # the pod ended; its slices are free again
+        FAILED = "failed", "failed"  # bind failed; nothing is held
+
+    ACTIVE_PHASES = (Phase.RESERVED, Phase.BOUND, Phase.ALLOCATED)
+
+    pod_uid = models.CharField(max_length=64, unique=True)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    node = models.ForeignKey(
+        Node, on_delete=models.PROTECT, related_name="bindings", null=True, blank=True
+    )
+    phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.RESERVED)
+    reason = models.TextField(blank=True)
+    request = models.JSONField(help_text="The parsed request (scheduling core PodRequest).")
+    deadline = models.DateTimeField(
+        null=True, blank=True, help_text="A reservation not confirmed by then is reconciled."
+    )
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    bound_at = models.DateTimeField(null=True, blank=True)
+    allocated_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["namespace", "name"]),
+            models.Index(fields=["phase"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.phase})"
+
+    @property
+    def active(self) -> bool:
+        return self.phase in self.ACTIVE_PHASES
+
+
+class Slice(models.Model):
+    """A part of one card held by one container of a bound pod."""
+
+    binding = models.ForeignKey(PodBinding, on_delete=models.CASCADE, related_name="slices")
+    card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="slices")
+    container_name = models.CharField(max_length=253)
+    container_index = models.PositiveSmallIntegerField()
+    init_container = models.BooleanField(default=False)
+    memory_mib = models.PositiveIntegerField()
+    compute_percent = models.PositiveSmallIntegerField()
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["binding_id", "container_index", "id"]
+        indexes = [models.Index(fields=["active", "card"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["binding", "init_container", "container_index", "card"],
+                name="one_slice_per_container_and_card",
+            ),
+            models.CheckConstraint(
+                condition=Q(compute_percent__lte=100), name="slice_compute_at_most_100"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.container_name} on {self.card_id}: {self.memory_mib} MiB"
+
+
+class NamespaceQuota(models.Model):
+    """Limits on what one namespace may hold at once; a null limit is unlimited."""
+
+    namespace = models.CharField(max_length=63, unique=True)
+    gpumem_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    gpucores = models.PositiveIntegerField(null=True, blank=True, help_text="Sum of percents.")
+    gpus = models.PositiveIntegerField(null=True, blank=True, help_text="Number of slices.")
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["namespace"]
+
+    def __str__(self) -> str:
+        return self.namespace
+
+
+class SchedulingDecision(models.Model):
+    """The latest filter outcome for one pod, bounded in size, to answer "why pending?"."""
+
+    class Outcome(models.TextChoices):
+        FEASIBLE = "feasible", "feasible"
+        UNSCHEDULABLE = "unschedulable", "unschedulable"
+        INVALID = "invalid", "invalid request"
+        BOUND = "bound", "bound"
+        BIND_FAILED = "bind_failed", "bind failed"
+
+    pod_uid = models.CharField(max_length=64, unique=True)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    summary = models.TextField(help_text="One paragraph in plain words.")
+    feasible_nodes = models.JSONField(default=list, help_text="Bounded list of node names.")
+    node_reasons = models.JSONField(default=dict, help_text="Bounded: node -> reason sentence.")
+    reason_counts = models.JSONField(default=dict, help_text="Reason code -> number of nodes.")
+    nodes_considered = models.PositiveIntegerField(default=0)
+    decided_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-decided_at"]
+        indexes = [models.Index(fields=["namespace", "name"])]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}: {self.outcome}"
+
+
+class AuditEvent(models.Model):
+    """Who changed what: quotas, cordons, tokens, reconciler repairs."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150, help_text="Username, node name or 'system'.")
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=32)
+    target = models.CharField(max_length=253)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["target_type", "target"])]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

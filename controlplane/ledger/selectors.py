@@ -1,0 +1,183 @@
+"""Reads of the ledger, turned into the scheduling core's frozen snapshot.
+
+Each selector runs a fixed number of queries whatever the cluster size (tests lock the count):
+the hot paths (filter, bind) must never issue a query per node or per card.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from controlplane.ledger.models import Card, NamespaceQuota, Node, PodBinding, Slice
+from controlplane.scheduling import (
+    CardClaim,
+    CardState,
+    NodeState,
+    QuotaLimits,
+    QuotaUsage,
+    ResourceNames,
+    SchedulingConfig,
+    SliceClaim,
+    Snapshot,
+    claims_per_card,
+    usage_of,
+)
+
+MISSING_CARD_REASON = "not in the node's latest inventory report"
+
+
+def scheduling_config() -> SchedulingConfig:
+    """The core's configuration from settings.TESSERA (resource names and defaults)."""
+    knobs = settings.TESSERA
+    return SchedulingConfig(
+        resources=ResourceNames(**knobs["RESOURCES"]),
+        default_memory_mib=knobs["DEFAULT_GPUMEM_MIB"],
+        default_memory_percent=knobs["DEFAULT_GPUMEM_PERCENTAGE"],
+        default_cores=knobs["DEFAULT_GPUCORES"],
+        default_node_policy=knobs["DEFAULT_NODE_POLICY"],
+        default_gpu_policy=knobs["DEFAULT_GPU_POLICY"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _SliceRow:
+    binding_id: int
+    card_id: int
+    container_index: int
+    init: bool
+    memory_mib: int
+    cores: int
+
+
+def _active_slice_rows(slices: QuerySet[Slice]) -> list[_SliceRow]:
+    rows = slices.filter(active=True).values_list(
+        "binding_id",
+        "card_id",
+        "container_index",
+        "init_container",
+        "memory_mib",
+        "compute_percent",
+    )
+    return [_SliceRow(*row) for row in rows]
+
+
+def _card_claims(rows: Iterable[_SliceRow]) -> dict[int, CardClaim]:
+    """Per card id, the sum over pods of each pod's peak claim on that card."""
+    by_binding: dict[int, list[SliceClaim]] = defaultdict(list)
+    for r in rows:
+        by_binding[r.binding_id].append(
+            SliceClaim(
+                card_uuid=str(r.card_id),
+                container_index=r.container_index,
+                init=r.init,
+                memory_mib=r.memory_mib,
+                cores=r.cores,
+            )
+        )
+    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for claims in by_binding.values():
+        for card_key, claim in claims_per_card(claims).items():
+            t = totals[int(card_key)]
+            t[0] += claim.memory_mib
+            t[1] += claim.cores
+            t[2] += claim.slots
+            t[3] += int(claim.exclusive)
+    return {
+        card_id: CardClaim(memory_mib=t[0], cores=t[1], slots=t[2], exclusive=bool(t[3]))
+        for card_id, t in totals.items()
+    }
+
+
+def _card_state(card: Card, claim: CardClaim | None) -> CardState:
+    healthy = card.healthy and card.present
+    reason = card.health_reason if card.present else MISSING_CARD_REASON
+    return CardState(
+        uuid=card.uuid,
+        index=card.index,
+        model=card.model,
+        memory_mib=card.memory_mib,
+        compute_units=card.compute_units,
+        slots=card.slots,
+        numa_node=card.numa_node,
+        healthy=healthy,
+        health_reason=reason,
+        cordoned=card.cordoned,
+        used_memory_mib=claim.memory_mib if claim else 0,
+        used_compute=claim.cores if claim else 0,
+        used_slots=claim.slots if claim else 0,
+        exclusive=claim.exclusive if claim else False,
+    )
+
+
+def cluster_snapshot(node_names: Iterable[str] | None = None) -> Snapshot:
+    """The committed ledger as a core Snapshot, in three queries.
+
+    `node_names` limits it to those nodes (unknown names are simply absent); None = all nodes.
+    """
+    nodes_qs = Node.objects.all()
+    cards_qs = Card.objects.all()
+    slices_qs = Slice.objects.all()
+    if node_names is not None:
+        names = list(node_names)
+        nodes_qs = nodes_qs.filter(name__in=names)
+        cards_qs = cards_qs.filter(node__name__in=names)
+        slices_qs = slices_qs.filter(card__node__name__in=names)
+    return _build_snapshot(list(nodes_qs), list(cards_qs), _active_slice_rows(slices_qs))
+
+
+def node_state(node: Node) -> NodeState:
+    """One node as the core sees it, from committed rows (two queries). Used under the node lock."""
+    cards = list(Card.objects.filter(node=node))
+    rows = _active_slice_rows(Slice.objects.filter(card__node=node))
+    return _build_snapshot([node], cards, rows).nodes[0]
+
+
+def _build_snapshot(nodes: list[Node], cards: list[Card], rows: list[_SliceRow]) -> Snapshot:
+    claims = _card_claims(rows)
+    cards_by_node: dict[int, list[CardState]] = defaultdict(list)
+    for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
+        cards_by_node[card.node_id].append(_card_state(card, claims.get(card.pk)))
+    return Snapshot(
+        nodes=tuple(
+            NodeState(
+                name=node.name,
+                ready=node.ready,
+                cordoned=node.cordoned,
+                cards=tuple(cards_by_node.get(node.pk, ())),
+            )
+            for node in nodes
+        )
+    )
+
+
+def quota_limits(namespace: str) -> QuotaLimits | None:
+    """The namespace's limits, or None when it has no quota (unlimited)."""
+    quota = NamespaceQuota.objects.filter(namespace=namespace).first()
+    return quota_limits_of(quota) if quota else None
+
+
+def quota_limits_of(quota: NamespaceQuota) -> QuotaLimits:
+    return QuotaLimits(memory_mib=quota.gpumem_mib, cores=quota.gpucores, gpus=quota.gpus)
+
+
+def namespace_usage(namespace: str) -> QuotaUsage:
+    """What the namespace's active bindings hold (init-container peaks counted once), one query."""
+    rows = _active_slice_rows(
+        Slice.objects.filter(
+            binding__namespace=namespace, binding__phase__in=PodBinding.ACTIVE_PHASES
+        )
+    )
+    by_binding: dict[int, list[SliceClaim]] = defaultdict(list)
+    for r in rows:
+        by_binding[r.binding_id].append(
+            SliceClaim(str(r.card_id), r.container_index, r.init, r.memory_mib, r.cores)
+        )
+    total = QuotaUsage()
+    for claims in by_binding.values():
+        total = total + usage_of(claims_per_card(claims))
+    return total

@@ -1,0 +1,66 @@
+"""Tessera's scheduling core: pure functions over frozen dataclasses, standard library only.
+
+Parse a pod's GPU ask (:func:`parse_pod`), test and score nodes (:func:`filter_nodes`,
+:func:`prioritize`), choose cards (:func:`place_on_node`) and do quota arithmetic
+(:func:`check_quota`). Semantics: docs/scheduling.md.
+"""
+
+from controlplane.scheduling.claims import CardClaim, SliceClaim, claims_per_card
+from controlplane.scheduling.config import (
+    BINPACK,
+    POLICIES,
+    SPREAD,
+    ResourceNames,
+    SchedulingConfig,
+)
+from controlplane.scheduling.fit import (
+    explain,
+    filter_nodes,
+    fit_node,
+    place_on_node,
+    prioritize,
+    score_node,
+)
+from controlplane.scheduling.quantity import parse_quantity
+from controlplane.scheduling.quota import QuotaLimits, QuotaUsage, check_quota, usage_of
+from controlplane.scheduling.request import (
+    ContainerRequest,
+    PodRequest,
+    RequestError,
+    parse_pod,
+)
+from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
+from controlplane.scheduling.state import CardState, NodeState, Snapshot
+
+__all__ = [
+    "BINPACK",
+    "POLICIES",
+    "SPREAD",
+    "Assignment",
+    "CardClaim",
+    "CardState",
+    "ContainerRequest",
+    "NodeFit",
+    "NodeState",
+    "PodRequest",
+    "QuotaLimits",
+    "QuotaUsage",
+    "ReasonCode",
+    "Refusal",
+    "RequestError",
+    "ResourceNames",
+    "SchedulingConfig",
+    "SliceClaim",
+    "Snapshot",
+    "check_quota",
+    "claims_per_card",
+    "explain",
+    "filter_nodes",
+    "fit_node",
+    "parse_pod",
+    "parse_quantity",
+    "place_on_node",
+    "prioritize",
+    "score_node",
+    "usage_of",
+]

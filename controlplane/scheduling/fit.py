@@ -1,0 +1,725 @@
+"""Fit, placement and scoring of one pod on nodes.
+
+There is exactly one placement algorithm, :func:`_greedy` (documented in
+docs/scheduling.md). :func:`place_on_node` runs it; :func:`fit_node` and
+:func:`filter_nodes` answer "would it succeed?" and only run it when no cheaper test
+settles the question. Each cheaper test is proved equivalent or one-sided below, and the
+property tests check the agreement on random clusters.
+
+The filter loops read the flat tuples of :class:`~controlplane.scheduling.state.NodeView`
+instead of card objects, build no objects for feasible nodes, and defer the sentences of
+infeasible ones to :func:`explain` (called when someone reads ``NodeFit.refusals``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from functools import partial
+
+from controlplane.scheduling.request import ContainerPlan, Plan, PodRequest
+from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
+from controlplane.scheduling.state import (
+    KEY_BITS,
+    KEY_MASK,
+    CardState,
+    NodeState,
+    NodeView,
+    Snapshot,
+)
+
+# A packed key below any card's: a card whose last slot is gone.
+_GONE = -(1 << 62)
+
+# A node test: True iff the greedy placement of the (closed-over) plan would succeed.
+_Fitter = Callable[[NodeView], bool]
+
+# The working state of the greedy: per schedulable card position, free memory, free
+# compute, free slots, busy (holds any slice), exclusive (holds a 100%-compute slice).
+_State = tuple[list[int], list[int], list[int], list[bool], list[bool]]
+
+
+class _Failure:
+    """Where the greedy stopped: the container, the cards that still had room, the state."""
+
+    __slots__ = ("candidates", "container", "labels", "own", "state")
+
+    def __init__(
+        self,
+        container: ContainerPlan,
+        candidates: list[int],
+        state: _State,
+        own: set[int],
+        labels: tuple[str, ...],
+    ) -> None:
+        self.container = container
+        self.labels = labels
+        self.candidates = candidates
+        self.state = state
+        self.own = own  # positions holding an earlier app slice of this same pod
+
+
+# ------------------------------------------------------------------ the one algorithm
+
+
+def _allowed(view: NodeView, plan: Plan) -> tuple[bool, ...] | None:
+    """Per card position, whether the include/exclude annotations let the pod use it."""
+    if not plan.filtered:
+        return None
+    return tuple(plan.card_allowed(m, u) for m, u in zip(view.model_l, view.uuid_l, strict=True))
+
+
+def _greedy(
+    view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None
+) -> list[list[int]] | _Failure:
+    """Choose card positions for every slice of every container, or say where it fails.
+
+    Init containers each fit against the node as it is (they run one at a time, before the
+    app containers; see claims.py). App containers are placed in order, each seeing the
+    slices of the earlier ones. A container's slices go on distinct cards; because they are
+    identical, placing them one by one with the policy's choice equals taking the best
+    ``gpus`` feasible cards by (free memory after placement, index): ascending for binpack,
+    descending free memory for spread.
+    """
+    init_state: _State = (
+        list(view.raw_fmem),
+        list(view.fcu),
+        list(view.fslots),
+        list(view.busy),
+        list(view.excl),
+    )
+    work: _State = (
+        list(view.raw_fmem),
+        list(view.fcu),
+        list(view.fslots),
+        list(view.busy),
+        list(view.excl),
+    )
+    own: set[int] = set()
+    tmem = view.tmem
+    binpack = plan.gpu_binpack
+    chosen: list[list[int]] = []
+    for cp in plan.containers:
+        fm, fc, fs, busy, ex = init_state if cp.init else work
+        cores = cp.cores
+        exclusive = cores >= 100
+        cand: list[tuple[int, int]] = []
+        for p in range(view.n):
+            if allowed is not None and not allowed[p]:
+                continue
+            need = cp.need(tmem[p])
+            if ex[p] or fs[p] <= 0 or need > fm[p] or cores > fc[p] or (exclusive and busy[p]):
+                continue
+            after = fm[p] - need
+            cand.append((after if binpack else -after, p))
+        if len(cand) < cp.gpus:
+            state = init_state if cp.init else work
+            return _Failure(cp, [p for _, p in cand], state, set() if cp.init else own, view.labels)
+        cand.sort()
+        picks = [p for _, p in cand[: cp.gpus]]
+        if not cp.init:
+            for p in picks:
+                fm[p] -= cp.need(tmem[p])
+                fc[p] -= cores
+                fs[p] -= 1
+                busy[p] = True
+                if exclusive:
+                    ex[p] = True
+                own.add(p)
+        chosen.append(picks)
+    return chosen
+
+
+# --------------------------------------------------------------- cheaper equivalents
+
+
+def _count(view: NodeView, cp: ContainerPlan, allowed: tuple[bool, ...] | None, enough: int) -> int:
+    """Cards that could take one slice of ``cp`` on the node as it is (stops at ``enough``).
+
+    Same test as the greedy's, on the initial state: ``fmem`` already folds "exclusive
+    tenant" and "no free slot" into -1 MiB, which no need (>= 0) fits in.
+    """
+    kind, value, cores = cp.kind, cp.value, cp.cores
+    exclusive = cores >= 100
+    fmem, fcu, tmem, busy = view.fmem, view.fcu, view.tmem, view.busy
+    found = 0
+    for p in range(view.n):
+        if allowed is not None and not allowed[p]:
+            continue
+        need = value if kind == 0 else tmem[p] * value // 100 if kind == 1 else tmem[p]
+        if fmem[p] >= need and fcu[p] >= cores and not (exclusive and busy[p]):
+            found += 1
+            if found >= enough:
+                break
+    return found
+
+
+def _count_abs(view: NodeView, need: int, cores: int, enough: int) -> int:
+    """``_count`` for absolute memory, a non-exclusive slice and no card filters.
+
+    Walks live cards from the most free memory down and stops at the first one too small.
+    """
+    found = 0
+    for fm, fc in zip(view.d_fmem, view.d_fcu, strict=True):
+        if fm < need:
+            break
+        if fc >= cores:
+            found += 1
+            if found >= enough:
+                break
+    return found
+
+
+def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, enough: int) -> int:
+    """Cards that could hold one slice of EVERY app container at the same time.
+
+    Only meaningful when no app container is exclusive (the caller checks).
+    """
+    n_app = len(plan.apps)
+    base, pcts, whole, cores = plan.stack_abs, plan.stack_pcts, plan.stack_whole, plan.stack_cores
+    raw, fcu, fslots, excl, tmem = view.raw_fmem, view.fcu, view.fslots, view.excl, view.tmem
+    found = 0
+    for p in range(view.n):
+        if allowed is not None and not allowed[p]:
+            continue
+        if excl[p] or fslots[p] < n_app or fcu[p] < cores:
+            continue
+        total = tmem[p]
+        need = base + whole * total
+        for pct in pcts:
+            need += total * pct // 100
+        if raw[p] >= need:
+            found += 1
+            if found >= enough:
+                break
+    return found
+
+
+def _greedy_abs(
+    view: NodeView, apps: tuple[tuple[int, int, int], ...], keys: tuple[int, ...], binpack: bool
+) -> bool:
+    """Exactly ``_greedy``'s verdict for app containers given as (MiB, cores, gpus).
+
+    Preconditions (``Plan.abs_apps``): absolute memory, no exclusive container, no card
+    filters, and ``keys`` the node's packed keys for the policy. Then a card can take a
+    slice iff it is live, has the memory and has the compute; the greedy's order, (free
+    after placement, position), is the order of the keys ``free << KEY_BITS | position``
+    (for spread the position is flipped and the list read from the top). Each container
+    takes the first ``gpus`` keys in that order that pass the compute test, exactly the
+    head of the greedy's sorted candidate list; those cards then lose the memory, the
+    compute and a slot. A card whose last slot goes gets a key below every need, so it is
+    never picked again. Init containers are checked separately (they leave no trace here).
+    """
+    fc = list(view.fcu)
+    fs = list(view.fslots)
+    work = list(keys)
+    for need, cores, gpus in apps:
+        floor = need << KEY_BITS  # keys >= floor are exactly the cards with free >= need
+        last = len(work)
+        picked: list[int] = []
+        if binpack:
+            j = bisect_left(work, floor)
+            if cores == 0:
+                # Every live card keeps compute >= 0, so the compute test always passes.
+                if last - j < gpus:
+                    return False
+                picked = list(range(j, j + gpus))
+            else:
+                while j < last:
+                    if fc[work[j] & KEY_MASK] >= cores:
+                        picked.append(j)
+                        if len(picked) == gpus:
+                            break
+                    j += 1
+                else:
+                    return False
+        else:
+            if cores == 0:
+                if last < gpus or work[last - gpus] < floor:
+                    return False
+                picked = list(range(last - gpus, last))
+            else:
+                j = last - 1
+                while j >= 0:
+                    key = work[j]
+                    if key < floor:
+                        return False
+                    if fc[KEY_MASK - (key & KEY_MASK)] >= cores:
+                        picked.append(j)
+                        if len(picked) == gpus:
+                            break
+                    j -= 1
+                else:
+                    return False
+        for j in picked:
+            key = work[j]
+            p = key & KEY_MASK if binpack else KEY_MASK - (key & KEY_MASK)
+            fc[p] -= cores
+            fs[p] -= 1
+            work[j] = key - floor if fs[p] > 0 else _GONE
+        work.sort()
+    return True
+
+
+def _multi_abs_fitter(plan: Plan) -> _Fitter:
+    """ "The greedy succeeds" for plans with ``abs_apps`` (see :func:`_fits_general`).
+
+    Before running :func:`_greedy_abs` the test tries three O(1) refusals, each a necessary
+    condition of any placement (every app slice lands on a live card, within its free
+    memory, in one of its free slots), and the stack acceptance of ``_fits_general``
+    step 3, walking live cards from the most free memory down. The plan's numbers are
+    bound once into a closure: this runs for every node of the cluster.
+    """
+    apps = plan.abs_apps
+    assert apps is not None
+    max_mem, total_mem, slices = plan.app_max_mem, plan.app_total_mem, plan.app_slices
+    inits = plan.inits
+    stack_mem, stack_cores, n_app = plan.stack_abs, plan.stack_cores, len(plan.apps)
+    enough = plan.max_app_gpus
+    binpack = plan.gpu_binpack
+
+    def fits(view: NodeView) -> bool:
+        if (
+            not view.ok
+            or max_mem > view.max_fmem
+            or total_mem > view.live_free
+            or slices > view.live_slots
+        ):
+            return False
+        for cp in inits:
+            if _count(view, cp, None, cp.gpus) < cp.gpus:
+                return False
+        if stack_cores <= view.max_fcu:
+            found = 0
+            for fm, fc, fs in zip(view.d_fmem, view.d_fcu, view.d_fslots, strict=True):
+                if fm < stack_mem:
+                    break
+                if fc >= stack_cores and fs >= n_app:
+                    found += 1
+                    if found >= enough:
+                        return True
+        keys = view.keys_binpack if binpack else view.keys_spread
+        if keys is None:
+            return not isinstance(_greedy(view, plan, None), _Failure)
+        return _greedy_abs(view, apps, keys, binpack)
+
+    return fits
+
+
+def _fits_general(view: NodeView, plan: Plan) -> bool:
+    """Exactly "the greedy succeeds", answered as cheaply as the case allows.
+
+    1. Init containers fit independently of everything else, and a container's slices are
+       identical, so each init container succeeds iff at least ``gpus`` cards can take one
+       slice: a count, exact.
+    2. One app container: the same count, exact.
+    3. Several app containers, none exclusive: if at least max(gpus) cards can each hold one
+       slice of every app container at once, the greedy succeeds. Proof: at container k's
+       turn such a card has received at most one slice of each earlier container, so what
+       is left still covers container k; container k needs ``gpus_k`` distinct feasible
+       cards and there are at least that many such cards. (Sufficient only.)
+    4. Placing slices only ever removes room, so a container that fails the count on the
+       untouched node fails in the greedy too. (Necessary only.)
+    5. Otherwise run the greedy itself.
+    """
+    if not view.ok:
+        return False
+    allowed = _allowed(view, plan)
+    for cp in plan.inits:
+        if _count(view, cp, allowed, cp.gpus) < cp.gpus:
+            return False
+    apps = plan.apps
+    if len(apps) == 1 and allowed is None and apps[0].kind == 0 and apps[0].cores < 100:
+        only = apps[0]
+        return _count_abs(view, only.value, only.cores, only.gpus) >= only.gpus
+    if not apps:
+        return True
+    if len(apps) == 1:
+        return _count(view, apps[0], allowed, apps[0].gpus) >= apps[0].gpus
+    if not plan.stack_exclusive:
+        enough = plan.max_app_gpus
+        if _count_stack(view, plan, allowed, enough) >= enough:
+            return True
+    for cp in apps:
+        if _count(view, cp, allowed, cp.gpus) < cp.gpus:
+            return False
+    return not isinstance(_greedy(view, plan, allowed), _Failure)
+
+
+def _fitter(plan: Plan) -> _Fitter:
+    """The cheapest exact node test for ``plan``.
+
+    For one container with one slice and no include/exclude annotations, the greedy
+    succeeds iff some card passes the slice test, so the test is an ``any`` over cards; with
+    absolute memory and no compute ask it is "need <= the node's best free memory", O(1).
+    """
+    if plan.abs_apps is not None:
+        return _multi_abs_fitter(plan)
+    cp = plan.single
+    if cp is None:
+        return partial(_fits_general, plan=plan)
+    cores = cp.cores
+    if cp.kind == 0 and cores < 100:
+        need = cp.value
+        if cores == 0:
+            return lambda view: view.ok and need <= view.max_fmem
+
+        def single_abs(view: NodeView) -> bool:
+            if need > view.max_fmem or not view.ok:
+                return False
+            # A plain loop, not any(<generator>): this runs per node per cycle and the
+            # generator costs about twice as much. Most free memory first, so it stops at
+            # the first card too small.
+            for fm, fc in zip(view.d_fmem, view.d_fcu, strict=True):
+                if fm < need:
+                    return False
+                if fc >= cores:
+                    return True
+            return False
+
+        return single_abs
+
+    def single_any(view: NodeView) -> bool:
+        return view.ok and _count(view, cp, None, 1) >= 1
+
+    return single_any
+
+
+# ------------------------------------------------------------------------ explanations
+
+
+def _who(cp: ContainerPlan) -> str:
+    return f"{'init container' if cp.init else 'container'} '{cp.request.name}'"
+
+
+def _card_name(card: CardState) -> str:
+    return f"card {card.uuid} ({card.model})"
+
+
+def _static_reason(card: CardState, plan: Plan, request: PodRequest) -> Refusal | None:
+    """Reasons that hold whatever else runs on the card."""
+    name = _card_name(card)
+    if not card.healthy:
+        why = card.health_reason or "no reason reported"
+        return Refusal(ReasonCode.UNHEALTHY, f"{name} is unhealthy: {why}", card.uuid, True)
+    if card.cordoned:
+        return Refusal(
+            ReasonCode.CARD_CORDONED, f"{name} is cordoned by an operator", card.uuid, True
+        )
+    if not plan.filtered:
+        return None
+    if not plan.type_allowed(card.model.lower()):
+        if request.use_types:
+            why = f"nvidia.com/use-gputype allows only {', '.join(request.use_types)}"
+        else:
+            why = f"nvidia.com/nouse-gputype excludes {', '.join(request.nouse_types)}"
+        return Refusal(ReasonCode.TYPE_EXCLUDED, f"{name} is excluded: {why}", card.uuid, True)
+    uuid_l = card.uuid.lower()
+    if plan.use_uuids and uuid_l not in plan.use_uuids:
+        return Refusal(
+            ReasonCode.UUID_EXCLUDED,
+            f"{name} is not listed in the pod's nvidia.com/use-gpuuuid",
+            card.uuid,
+            True,
+        )
+    if uuid_l in plan.nouse_uuids:
+        return Refusal(
+            ReasonCode.UUID_EXCLUDED,
+            f"{name} is listed in the pod's nvidia.com/nouse-gpuuuid",
+            card.uuid,
+            True,
+        )
+    return None
+
+
+def _room_reason(card: CardState, p: int, failure: _Failure, who: str) -> Refusal:
+    """Why the card at position ``p`` had no room for the failing container's slice."""
+    cp = failure.container
+    fm, fc, fs, busy, ex = failure.state
+    name = failure.labels[p]
+    need = cp.need(card.memory_mib)
+    # When the pod's own earlier containers took room here, say so: otherwise the numbers
+    # would not match what the dashboard shows for the card.
+    note = " (after this pod's earlier containers)" if p in failure.own else ""
+    if ex[p]:
+        return Refusal(
+            ReasonCode.EXCLUSIVE_CONFLICT,
+            f"{name} is held exclusively by a slice with 100% compute{note}",
+            card.uuid,
+            False,
+        )
+    if cp.cores >= 100 and busy[p]:
+        return Refusal(
+            ReasonCode.EXCLUSIVE_CONFLICT,
+            f"{who} asks for 100% compute (exclusive) but {name} already holds slices{note}",
+            card.uuid,
+            False,
+        )
+    if fs[p] <= 0:
+        if card.slots <= 0:
+            msg = f"{name} takes no slices (0 slots)"
+        else:
+            msg = f"{name}: all {card.slots} slice slots are taken{note}"
+        return Refusal(ReasonCode.NO_FREE_SLOT, msg, card.uuid, card.slots <= 0)
+    if need > fm[p]:
+        if need > card.memory_mib:
+            return Refusal(
+                ReasonCode.INSUFFICIENT_MEMORY,
+                f"{name}: {who} needs {need} MiB, the card has {card.memory_mib} MiB in total",
+                card.uuid,
+                True,
+            )
+        return Refusal(
+            ReasonCode.INSUFFICIENT_MEMORY,
+            f"{name}: {who} needs {need} MiB, {max(fm[p], 0)} MiB free{note}",
+            card.uuid,
+            False,
+        )
+    if cp.cores > card.compute_units:
+        return Refusal(
+            ReasonCode.INSUFFICIENT_COMPUTE,
+            f"{name}: {who} needs {cp.cores}% compute, the card has {card.compute_units} in total",
+            card.uuid,
+            True,
+        )
+    return Refusal(
+        ReasonCode.INSUFFICIENT_COMPUTE,
+        f"{name}: {who} needs {cp.cores}% compute, {max(fc[p], 0)}% free{note}",
+        card.uuid,
+        False,
+    )
+
+
+def _ever_fits(card: CardState, cp: ContainerPlan) -> bool:
+    """Whether an otherwise empty copy of this (schedulable, allowed) card could take a slice."""
+    return (
+        card.slots >= 1
+        and cp.need(card.memory_mib) <= card.memory_mib
+        and cp.cores <= card.compute_units
+    )
+
+
+def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
+    """Every reason the pod does not fit ``node``, most useful first (empty if it fits).
+
+    Runs the same greedy as :func:`place_on_node`; for the container where it stops, each
+    card gets the first reason in the order documented in docs/scheduling.md.
+    """
+    refusals: list[Refusal] = []
+    if not node.ready:
+        refusals.append(
+            Refusal(
+                ReasonCode.NODE_NOT_READY,
+                f"node {node.name} is not ready (its Tessera node plugin is not reporting)",
+                None,
+                True,
+            )
+        )
+    if node.cordoned:
+        refusals.append(
+            Refusal(
+                ReasonCode.NODE_CORDONED,
+                f"node {node.name} is cordoned in Tessera by an operator",
+                None,
+                True,
+            )
+        )
+    if refusals:
+        return tuple(refusals)
+    if not node.cards:
+        return (
+            Refusal(
+                ReasonCode.NO_CARDS,
+                f"node {node.name} has no GPUs known to Tessera",
+                None,
+                True,
+            ),
+        )
+    view = node.view
+    plan = request.plan
+    outcome = _greedy(view, plan, _allowed(view, plan))
+    if not isinstance(outcome, _Failure):
+        return ()
+    cp = outcome.container
+    who = _who(cp)
+    candidates = set(outcome.candidates)
+    ever = 0
+    per_card: list[Refusal] = []
+    for card, p in view.by_index:
+        # Unschedulable cards (p < 0) always have a static reason; schedulable ones only
+        # when the pod filters cards.
+        if p < 0 or plan.filtered:
+            static = _static_reason(card, plan, request)
+            if static is not None:
+                per_card.append(static)
+                continue
+        if _ever_fits(card, cp):
+            ever += 1
+        if p not in candidates:
+            per_card.append(_room_reason(card, p, outcome, who))
+    need_cards = cp.gpus
+    # With no card able ever to hold the slice, the per-card reasons already say it all.
+    if ever < need_cards and (ever > 0 or not per_card):
+        refusals.append(
+            Refusal(
+                ReasonCode.TOO_FEW_CARDS,
+                f"{who} needs {need_cards} card(s) with {cp.request.describe_memory()} and "
+                f"{cp.cores}% compute each; node {node.name} has {ever} that could ever hold one",
+                None,
+                True,
+            )
+        )
+    elif candidates:
+        refusals.append(
+            Refusal(
+                ReasonCode.TOO_FEW_CARDS,
+                f"{who} needs {need_cards} distinct cards with room; "
+                f"node {node.name} has {len(candidates)} now",
+                None,
+                False,
+            )
+        )
+    # Things that waiting can fix first: they are what a person wants to see.
+    per_card.sort(key=lambda r: r.permanent)
+    refusals.extend(per_card)
+    return tuple(refusals)
+
+
+# -------------------------------------------------------------------------- public API
+
+
+def fit_node(node: NodeState, request: PodRequest) -> NodeFit:
+    """Whether ``request`` fits ``node``; True exactly when :func:`place_on_node` succeeds."""
+    if _fitter(request.plan)(node.view):
+        return NodeFit(node.name, True)
+    return NodeFit.deferred(explain, node, request)
+
+
+def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...] | NodeFit:
+    """Choose a card for every slice by ``request.gpu_policy``, or say why it cannot.
+
+    Assignments come in container order (init containers first), each container's slices
+    best card first.
+    """
+    view = node.view
+    if not view.ok:
+        return NodeFit(node.name, False, explain(node, request))
+    plan = request.plan
+    outcome = _greedy(view, plan, _allowed(view, plan))
+    if isinstance(outcome, _Failure):
+        return NodeFit(node.name, False, explain(node, request))
+    out: list[Assignment] = []
+    for cp, picks in zip(plan.containers, outcome, strict=True):
+        c = cp.request
+        for p in picks:
+            card = view.cards[p]
+            out.append(
+                Assignment(
+                    container_name=c.name,
+                    container_index=c.index,
+                    init=c.init,
+                    card_uuid=card.uuid,
+                    memory_mib=cp.need(card.memory_mib),
+                    cores=c.cores,
+                )
+            )
+    return tuple(out)
+
+
+def _demand(plan: Plan, card_mib: int) -> int:
+    """The pod's memory on a node whose cards average ``card_mib``: max(init peak, app sum)."""
+    app = sum(cp.gpus * cp.need(card_mib) for cp in plan.apps)
+    init = max((cp.gpus * cp.need(card_mib) for cp in plan.inits), default=0)
+    return max(app, init)
+
+
+def _score(view: NodeView, plan: Plan, demand: int | None) -> int:
+    total = view.mem_total
+    if total <= 0:
+        return 0
+    used = view.mem_used + (_demand(plan, view.avg_mem) if demand is None else demand)
+    # round(10 * used / total), halves up, in integers; clamped for over-committed nodes.
+    packed = min(10, max(0, (20 * used + total) // (2 * total)))
+    return packed if plan.node_binpack else 10 - packed
+
+
+def _fixed_demand(plan: Plan) -> int | None:
+    """The pod's demand when it does not depend on card size (all absolute MiB)."""
+    if all(cp.kind == 0 for cp in plan.containers):
+        return _demand(plan, 0)
+    return None
+
+
+def score_node(node: NodeState, request: PodRequest) -> int:
+    """0..10 by ``request.node_policy`` (binpack: fuller after placement scores higher)."""
+    plan = request.plan
+    return _score(node.view, plan, _fixed_demand(plan))
+
+
+def filter_nodes(
+    snapshot: Snapshot, request: PodRequest, names: Iterable[str] | None = None
+) -> tuple[list[str], list[NodeFit]]:
+    """Split ``names`` (default: every node) into feasible names and infeasible NodeFits.
+
+    Both keep the input order; names the snapshot does not know get an UNKNOWN_NODE refusal.
+    """
+    fits = _fitter(request.plan)
+    by_name = snapshot.by_name
+    feasible: list[str] = []
+    failed: list[NodeFit] = []
+    for name in (n.name for n in snapshot.nodes) if names is None else names:
+        node = by_name.get(name)
+        if node is None:
+            failed.append(
+                NodeFit(
+                    name,
+                    False,
+                    (
+                        Refusal(
+                            ReasonCode.UNKNOWN_NODE,
+                            f"node {name} is not in Tessera's inventory "
+                            "(no Tessera node plugin has reported it)",
+                            None,
+                            True,
+                        ),
+                    ),
+                )
+            )
+        elif fits(node.view):
+            feasible.append(name)
+        else:
+            failed.append(NodeFit.deferred(explain, node, request))
+    return feasible, failed
+
+
+def prioritize(
+    snapshot: Snapshot, request: PodRequest, names: Iterable[str]
+) -> list[tuple[str, int]]:
+    """``(name, score)`` for each name in order; unknown names score 0."""
+    plan = request.plan
+    fixed = _fixed_demand(plan)
+    binpack = plan.node_binpack
+    # Percent and whole-card asks depend on the node's card size; sizes repeat a lot.
+    per_size: dict[int, int] = {}
+    by_name = snapshot.by_name
+    out: list[tuple[str, int]] = []
+    # _score inlined: this loop runs for every feasible node of every cycle.
+    for name in names:
+        node = by_name.get(name)
+        if node is None:
+            out.append((name, 0))
+            continue
+        view = node.view
+        total = view.mem_total
+        if total <= 0:
+            out.append((name, 0))
+            continue
+        demand = fixed
+        if demand is None:
+            demand = per_size.get(view.avg_mem)
+            if demand is None:
+                demand = per_size[view.avg_mem] = _demand(plan, view.avg_mem)
+        packed = (20 * (view.mem_used + demand) + total) // (2 * total)
+        packed = 0 if packed < 0 else 10 if packed > 10 else packed
+        out.append((name, packed if binpack else 10 - packed))
+    return out

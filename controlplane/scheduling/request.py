@@ -1,0 +1,550 @@
+"""What a pod asks for: parsing Kubernetes Pod JSON into a :class:`PodRequest`.
+
+Every error names the offending field as a dotted path, so the admission webhook and the
+extender can hand the sentence straight back to the person who wrote the manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.scheduling.config import (
+    BINPACK,
+    MAX_GPUS_PER_CONTAINER,
+    MAX_MEMORY_MIB,
+    POLICIES,
+    SPREAD,
+    SchedulingConfig,
+)
+from controlplane.scheduling.quantity import parse_quantity
+
+ANN_USE_TYPE = "nvidia.com/use-gputype"
+ANN_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+ANN_USE_UUID = "nvidia.com/use-gpuuuid"
+ANN_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+ANN_NODE_POLICY = "tessera.io/node-policy"
+ANN_GPU_POLICY = "tessera.io/gpu-policy"
+ANN_HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
+ANN_HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+
+_DEFAULT_CONFIG = SchedulingConfig()
+
+
+class RequestError(ValueError):
+    """Bad pod input. ``field`` is a dotted path; ``message`` says what is wrong and the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """The GPU part of one container.
+
+    ``index`` is the position in ``spec.containers`` (or ``spec.initContainers`` when
+    ``init``). Memory per slice is ``memory_mib`` if set, else ``memory_percent`` of the
+    chosen card's memory (rounded down), else the whole card.
+    """
+
+    name: str
+    index: int
+    init: bool
+    gpus: int
+    memory_mib: int | None
+    memory_percent: int | None
+    cores: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gpus <= MAX_GPUS_PER_CONTAINER:
+            raise ValueError(f"gpus must be 1..{MAX_GPUS_PER_CONTAINER}, got {self.gpus}")
+        if self.memory_mib is not None and not 1 <= self.memory_mib <= MAX_MEMORY_MIB:
+            raise ValueError(f"memory_mib must be 1..{MAX_MEMORY_MIB}, got {self.memory_mib}")
+        if self.memory_percent is not None and not 1 <= self.memory_percent <= 100:
+            raise ValueError(f"memory_percent must be 1..100, got {self.memory_percent}")
+        if not 0 <= self.cores <= 100:
+            raise ValueError(f"cores must be 0..100, got {self.cores}")
+        if self.index < 0:
+            raise ValueError(f"index must not be negative, got {self.index}")
+
+    def memory_on(self, card_memory_mib: int) -> int:
+        """MiB one slice of this container takes on a card with ``card_memory_mib`` in total."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        if self.memory_percent is not None:
+            return card_memory_mib * self.memory_percent // 100
+        return card_memory_mib
+
+    def describe_memory(self) -> str:
+        """The memory ask as a person wrote it: "3000 MiB", "25% of the card", "a whole card"."""
+        if self.memory_mib is not None:
+            return f"{self.memory_mib} MiB"
+        if self.memory_percent is not None:
+            return f"{self.memory_percent}% of the card's memory"
+        return "the whole card's memory"
+
+
+class ContainerPlan:
+    """One container's ask in the shape the filter's loops want (internal to the core).
+
+    ``kind`` 0: absolute MiB in ``value``; 1: percent in ``value``; 2: whole card.
+    """
+
+    __slots__ = ("cores", "gpus", "init", "kind", "request", "value")
+
+    def __init__(self, request: ContainerRequest) -> None:
+        self.request = request
+        self.init = request.init
+        self.gpus = request.gpus
+        self.cores = request.cores
+        if request.memory_mib is not None:
+            self.kind, self.value = 0, request.memory_mib
+        elif request.memory_percent is not None:
+            self.kind, self.value = 1, request.memory_percent
+        else:
+            self.kind, self.value = 2, 100
+
+    def need(self, total_mib: int) -> int:
+        """MiB one slice takes on a card of ``total_mib``."""
+        if self.kind == 0:
+            return self.value
+        if self.kind == 1:
+            return total_mib * self.value // 100
+        return total_mib
+
+
+class Plan:
+    """A :class:`PodRequest` compiled once for the filter's hot loops (internal to the core).
+
+    Besides per-container shapes it holds the "stack" of all app containers, the ask of a
+    card that would take one slice of every app container at once, which lets the filter
+    prove most nodes feasible with one pass over their cards (see ``fit.py``).
+    """
+
+    __slots__ = (
+        "abs_apps",
+        "app_max_mem",
+        "app_slices",
+        "app_total_mem",
+        "apps",
+        "containers",
+        "filtered",
+        "gpu_binpack",
+        "inits",
+        "max_app_gpus",
+        "node_binpack",
+        "nouse_types",
+        "nouse_uuids",
+        "single",
+        "stack_abs",
+        "stack_cores",
+        "stack_exclusive",
+        "stack_pcts",
+        "stack_whole",
+        "type_memo",
+        "use_types",
+        "use_uuids",
+    )
+
+    def __init__(self, request: PodRequest) -> None:
+        self.containers = tuple(ContainerPlan(c) for c in request.containers)
+        self.inits = tuple(c for c in self.containers if c.init)
+        self.apps = tuple(c for c in self.containers if not c.init)
+        self.use_types = request.use_types
+        self.nouse_types = request.nouse_types
+        self.use_uuids = frozenset(request.use_uuids)
+        self.nouse_uuids = frozenset(request.nouse_uuids)
+        self.filtered = bool(
+            request.use_types or request.nouse_types or request.use_uuids or request.nouse_uuids
+        )
+        self.gpu_binpack = request.gpu_policy == BINPACK
+        self.node_binpack = request.node_policy == BINPACK
+        only = self.containers[0] if len(self.containers) == 1 else None
+        self.single = only if only is not None and only.gpus == 1 and not self.filtered else None
+        self.max_app_gpus = max((c.gpus for c in self.apps), default=0)
+        self.stack_abs = sum(c.value for c in self.apps if c.kind == 0)
+        self.stack_pcts = tuple(c.value for c in self.apps if c.kind == 1)
+        self.stack_whole = sum(1 for c in self.apps if c.kind == 2)
+        self.stack_cores = sum(c.cores for c in self.apps)
+        self.stack_exclusive = any(c.cores >= 100 for c in self.apps)
+        # Two or more app containers, all with absolute memory, none exclusive, no card
+        # filters: the common multi-container shape, which the filter runs on packed keys.
+        simple = all(c.kind == 0 and c.cores < 100 for c in self.apps)
+        self.abs_apps = (
+            tuple((c.value, c.cores, c.gpus) for c in self.apps)
+            if simple and len(self.apps) >= 2 and not self.filtered
+            else None
+        )
+        self.app_max_mem = max((c.value for c in self.apps if c.kind == 0), default=0)
+        self.app_total_mem = sum(c.value * c.gpus for c in self.apps if c.kind == 0)
+        self.app_slices = sum(c.gpus for c in self.apps)
+        # model (lower-case) -> allowed by use/nouse-gputype; models repeat across a cluster.
+        self.type_memo: dict[str, bool] = {}
+
+    def type_allowed(self, model_l: str) -> bool:
+        """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""
+        hit = self.type_memo.get(model_l)
+        if hit is None:
+            hit = (not self.use_types or any(t in model_l for t in self.use_types)) and not any(
+                t in model_l for t in self.nouse_types
+            )
+            self.type_memo[model_l] = hit
+        return hit
+
+    def card_allowed(self, model_l: str, uuid_l: str) -> bool:
+        """Whether a card passes every include/exclude annotation."""
+        if not self.type_allowed(model_l):
+            return False
+        if self.use_uuids and uuid_l not in self.use_uuids:
+            return False
+        return uuid_l not in self.nouse_uuids
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """Everything the core needs to know about a pod's GPU ask.
+
+    ``containers`` holds only containers that ask for a managed resource, init containers
+    first (``init=True``) in spec order, then app containers. Type filters are lower-cased
+    substrings of the card model; uuid filters are lower-cased exact uuids.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    containers: tuple[ContainerRequest, ...]
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: tuple[str, ...] = ()
+    nouse_uuids: tuple[str, ...] = ()
+    node_policy: str = BINPACK
+    gpu_policy: str = SPREAD
+    plan: Plan = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for label in ("containers", "use_types", "nouse_types", "use_uuids", "nouse_uuids"):
+            value = getattr(self, label)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, label, tuple(value))
+        if not self.containers:
+            raise ValueError("a PodRequest needs at least one container")
+        if self.node_policy not in POLICIES:
+            raise ValueError(f"node_policy must be one of {POLICIES}, got {self.node_policy!r}")
+        if self.gpu_policy not in POLICIES:
+            raise ValueError(f"gpu_policy must be one of {POLICIES}, got {self.gpu_policy!r}")
+        for label in ("use_types", "nouse_types", "use_uuids", "nouse_uuids"):
+            if any(v != v.lower() or not v for v in getattr(self, label)):
+                raise ValueError(f"{label} must hold non-empty lower-case strings")
+        object.__setattr__(self, "plan", Plan(self))
+
+    @property
+    def total_slices(self) -> int:
+        """Number of slices over all containers, init ones included."""
+        return sum(c.gpus for c in self.containers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form, stored in the ledger; :meth:`from_dict` reads it back."""
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "containers": [
+                {
+                    "name": c.name,
+                    "index": c.index,
+                    "init": c.init,
+                    "gpus": c.gpus,
+                    "memory_mib": c.memory_mib,
+                    "memory_percent": c.memory_percent,
+                    "cores": c.cores,
+                }
+                for c in self.containers
+            ],
+            "use_types": list(self.use_types),
+            "nouse_types": list(self.nouse_types),
+            "use_uuids": list(self.use_uuids),
+            "nouse_uuids": list(self.nouse_uuids),
+            "node_policy": self.node_policy,
+            "gpu_policy": self.gpu_policy,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PodRequest:
+        """Rebuild a request from :meth:`to_dict` output; RequestError names a bad key."""
+        if not isinstance(d, Mapping):
+            raise RequestError("", "a stored pod request must be a JSON object")
+        containers_raw = _get_typed(d, "containers", list, "")
+        containers = []
+        for i, raw in enumerate(containers_raw):
+            path = f"containers[{i}]"
+            if not isinstance(raw, Mapping):
+                raise RequestError(path, "must be an object")
+            try:
+                containers.append(
+                    ContainerRequest(
+                        name=_get_typed(raw, "name", str, path),
+                        index=_get_typed(raw, "index", int, path),
+                        init=_get_typed(raw, "init", bool, path),
+                        gpus=_get_typed(raw, "gpus", int, path),
+                        memory_mib=_get_optional_int(raw, "memory_mib", path),
+                        memory_percent=_get_optional_int(raw, "memory_percent", path),
+                        cores=_get_typed(raw, "cores", int, path),
+                    )
+                )
+            except ValueError as exc:
+                if isinstance(exc, RequestError):
+                    raise
+                raise RequestError(path, str(exc)) from exc
+        lists = {
+            key: tuple(_get_str_list(d, key))
+            for key in ("use_types", "nouse_types", "use_uuids", "nouse_uuids")
+        }
+        try:
+            return cls(
+                uid=_get_typed(d, "uid", str, ""),
+                namespace=_get_typed(d, "namespace", str, ""),
+                name=_get_typed(d, "name", str, ""),
+                containers=tuple(containers),
+                node_policy=_get_typed(d, "node_policy", str, ""),
+                gpu_policy=_get_typed(d, "gpu_policy", str, ""),
+                **lists,
+            )
+        except RequestError:
+            raise
+        except ValueError as exc:
+            raise RequestError("", str(exc)) from exc
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _get_typed(d: Mapping[str, Any], key: str, kind: type[Any], prefix: str) -> Any:
+    if key not in d:
+        raise RequestError(_join(prefix, key), "is missing")
+    value = d[key]
+    # bool is an int subclass; an int field must not silently accept true/false.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RequestError(_join(prefix, key), f"must be a {kind.__name__}")
+    return value
+
+
+def _get_optional_int(d: Mapping[str, Any], key: str, prefix: str) -> int | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(_join(prefix, key), "must be an integer or null")
+    return value
+
+
+def _get_str_list(d: Mapping[str, Any], key: str) -> list[str]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequestError(key, "must be a list of strings")
+    return value
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_pod(
+    pod: Mapping[str, Any], config: SchedulingConfig = _DEFAULT_CONFIG
+) -> PodRequest | None:
+    """Parse Kubernetes Pod JSON; None when no container asks for a managed resource.
+
+    Raises :class:`RequestError` (naming the field) for malformed or impossible asks.
+    """
+    if not isinstance(pod, Mapping):
+        raise RequestError("", "the pod must be a JSON object")
+    metadata = _mapping(pod, "metadata", "")
+    spec = _mapping(pod, "spec", "")
+    annotations = _mapping(metadata, "annotations", "metadata")
+
+    containers: list[ContainerRequest] = []
+    for list_key, init in (("initContainers", True), ("containers", False)):
+        raw_list = spec.get(list_key)
+        if raw_list is None:
+            continue
+        if not isinstance(raw_list, Sequence) or isinstance(raw_list, str):
+            raise RequestError(f"spec.{list_key}", "must be a list of containers")
+        for i, raw in enumerate(raw_list):
+            parsed = _parse_container(raw, f"spec.{list_key}[{i}]", i, init, config)
+            if parsed is not None:
+                containers.append(parsed)
+    if not containers:
+        return None
+
+    def text(key: str) -> str:
+        value = _annotation(annotations, key)
+        return "" if value is None else value
+
+    return PodRequest(
+        uid=_optional_str(metadata, "uid", "metadata"),
+        namespace=_optional_str(metadata, "namespace", "metadata") or "default",
+        name=_optional_str(metadata, "name", "metadata")
+        or _optional_str(metadata, "generateName", "metadata"),
+        containers=tuple(containers),
+        use_types=_split(text(ANN_USE_TYPE)),
+        nouse_types=_split(text(ANN_NOUSE_TYPE)),
+        use_uuids=_split(text(ANN_USE_UUID)),
+        nouse_uuids=_split(text(ANN_NOUSE_UUID)),
+        node_policy=_policy(
+            annotations, ANN_NODE_POLICY, ANN_HAMI_NODE_POLICY, config.default_node_policy
+        ),
+        gpu_policy=_policy(
+            annotations, ANN_GPU_POLICY, ANN_HAMI_GPU_POLICY, config.default_gpu_policy
+        ),
+    )
+
+
+def _mapping(parent: Mapping[str, Any], key: str, prefix: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError(_join(prefix, key), "must be an object")
+    return value
+
+
+def _optional_str(parent: Mapping[str, Any], key: str, prefix: str) -> str:
+    value = parent.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RequestError(_join(prefix, key), "must be a string")
+    return value
+
+
+def _annotation(annotations: Mapping[str, Any], key: str) -> str | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RequestError(f"metadata.annotations.{key}", "must be a string")
+    return value
+
+
+def _split(value: str) -> tuple[str, ...]:
+    """A comma list, trimmed and lower-cased, empties and repeats dropped, order kept."""
+    seen: dict[str, None] = {}
+    for part in value.split(","):
+        item = part.strip().lower()
+        if item:
+            seen[item] = None
+    return tuple(seen)
+
+
+def _policy(annotations: Mapping[str, Any], own: str, alias: str, default: str) -> str:
+    # Tessera's own annotation wins; HAMi's spelling keeps existing manifests working.
+    for key in (own, alias):
+        value = _annotation(annotations, key)
+        if value is None:
+            continue
+        policy = value.strip().lower()
+        if policy not in POLICIES:
+            raise RequestError(
+                f"metadata.annotations.{key}",
+                f"must be 'binpack' or 'spread', got {value!r}",
+            )
+        return policy
+    return default
+
+
+def _parse_container(
+    raw: object, path: str, index: int, init: bool, config: SchedulingConfig
+) -> ContainerRequest | None:
+    if not isinstance(raw, Mapping):
+        raise RequestError(path, "must be an object")
+    resources = _mapping(raw, "resources", path)
+    limits = _mapping(resources, "limits", f"{path}.resources")
+    requests = _mapping(resources, "requests", f"{path}.resources")
+    names = config.resources
+
+    def lookup(resource: str) -> tuple[int, str] | None:
+        # Per resource: limits first, then requests (Kubernetes copies one into the other
+        # for extended resources, but a manifest may set only one of them).
+        for source, table in (("limits", limits), ("requests", requests)):
+            if resource in table:
+                where = f"{path}.resources.{source}.{resource}"
+                try:
+                    return parse_quantity(table[resource]), where
+                except ValueError as exc:
+                    raise RequestError(where, str(exc)) from exc
+        return None
+
+    gpu = lookup(names.gpu)
+    mem = lookup(names.gpumem)
+    pct = lookup(names.gpumem_percentage)
+    cores = lookup(names.gpucores)
+    others = [
+        resource
+        for resource, found in (
+            (names.gpumem, mem),
+            (names.gpumem_percentage, pct),
+            (names.gpucores, cores),
+        )
+        if found is not None
+    ]
+    if gpu is not None and gpu[0] == 0:
+        if not others:
+            return None  # "nvidia.com/gpu: 0" alone asks for nothing
+        raise RequestError(
+            gpu[1],
+            f"is 0 while {', '.join(others)} is set; "
+            "ask for at least 1 GPU or remove the other GPU resources",
+        )
+    if gpu is None and not others:
+        return None
+
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{path}.name", "a container that asks for GPUs needs a name")
+    if init and raw.get("restartPolicy") == "Always":
+        # A sidecar keeps running beside later init and app containers; its share cannot be
+        # folded in with the init-peak rule, so refuse rather than under-count.
+        raise RequestError(
+            f"{path}.restartPolicy",
+            "sidecar init containers (restartPolicy: Always) cannot ask for GPU slices; "
+            "move the GPU resources to a container in spec.containers",
+        )
+
+    gpus = 1 if gpu is None else gpu[0]
+    if gpu is not None and gpus > MAX_GPUS_PER_CONTAINER:
+        raise RequestError(
+            gpu[1], f"asks for {gpus} GPUs; at most {MAX_GPUS_PER_CONTAINER} per container"
+        )
+    memory_mib: int | None = None
+    memory_percent: int | None = None
+    if mem is not None:
+        if mem[0] < 1:
+            raise RequestError(mem[1], "must be at least 1 (MiB per GPU)")
+        if mem[0] > MAX_MEMORY_MIB:
+            raise RequestError(
+                mem[1],
+                f"asks for {mem[0]} MiB per GPU, more than {MAX_MEMORY_MIB} MiB (16 TiB); "
+                "the value is in MiB, so write 1024 for 1 GiB",
+            )
+        memory_mib = mem[0]
+    elif pct is not None:
+        if not 1 <= pct[0] <= 100:
+            raise RequestError(pct[1], f"must be a percentage from 1 to 100, got {pct[0]}")
+        memory_percent = pct[0]
+    else:
+        memory_mib = config.default_memory_mib
+        if memory_mib is None:
+            memory_percent = config.default_memory_percent
+    if cores is not None and not 0 <= cores[0] <= 100:
+        raise RequestError(cores[1], f"must be a percentage from 0 to 100, got {cores[0]}")
+    return ContainerRequest(
+        name=name,
+        index=index,
+        init=init,
+        gpus=gpus,
+        memory_mib=memory_mib,
+        memory_percent=memory_percent,
+        cores=config.default_cores if cores is None else cores[0],
+    )

@@ -1,0 +1,185 @@
+"""What the core answers: card assignments, or refusals that say why not."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from controlplane.scheduling.claims import SliceClaim
+
+if TYPE_CHECKING:
+    from controlplane.scheduling.request import PodRequest
+    from controlplane.scheduling.state import NodeState
+
+
+class ReasonCode(enum.StrEnum):
+    """Why a card, a node or a namespace cannot take a pod. Stable: stored in decision logs."""
+
+    INSUFFICIENT_MEMORY = "InsufficientMemory"
+    INSUFFICIENT_COMPUTE = "InsufficientCompute"
+    NO_FREE_SLOT = "NoFreeSlot"
+    EXCLUSIVE_CONFLICT = "ExclusiveConflict"
+    TYPE_EXCLUDED = "TypeExcluded"
+    UUID_EXCLUDED = "UuidExcluded"
+    UNHEALTHY = "Unhealthy"
+    CARD_CORDONED = "CardCordoned"
+    NODE_CORDONED = "NodeCordoned"
+    NODE_NOT_READY = "NodeNotReady"
+    NO_CARDS = "NoCards"
+    TOO_FEW_CARDS = "TooFewCards"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    UNKNOWN_NODE = "UnknownNode"
+
+
+# Short labels for one-line summaries ("also: 3 insufficient memory").
+_LABELS: dict[ReasonCode, str] = {
+    ReasonCode.INSUFFICIENT_MEMORY: "insufficient memory",
+    ReasonCode.INSUFFICIENT_COMPUTE: "insufficient compute",
+    ReasonCode.NO_FREE_SLOT: "no free slot",
+    ReasonCode.EXCLUSIVE_CONFLICT: "exclusive conflict",
+    ReasonCode.TYPE_EXCLUDED: "type excluded",
+    ReasonCode.UUID_EXCLUDED: "uuid excluded",
+    ReasonCode.UNHEALTHY: "unhealthy",
+    ReasonCode.CARD_CORDONED: "card cordoned",
+    ReasonCode.NODE_CORDONED: "node cordoned",
+    ReasonCode.NODE_NOT_READY: "node not ready",
+    ReasonCode.NO_CARDS: "no cards",
+    ReasonCode.TOO_FEW_CARDS: "too few cards",
+    ReasonCode.QUOTA_EXCEEDED: "quota exceeded",
+    ReasonCode.UNKNOWN_NODE: "unknown node",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One reason a pod cannot go somewhere.
+
+    ``permanent`` is True when freeing room on the node (other pods ending or being
+    preempted) cannot help: the card is excluded, unhealthy or cordoned, or too small in
+    total. It maps to the extender's ``FailedAndUnresolvableNodes``, which tells
+    kube-scheduler not to preempt pods there in vain; the pod is still retried later.
+    """
+
+    code: ReasonCode
+    message: str
+    card_uuid: str | None
+    permanent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One slice of one container placed on one card."""
+
+    container_name: str
+    container_index: int
+    init: bool
+    card_uuid: str
+    memory_mib: int
+    cores: int
+
+    def to_claim(self) -> SliceClaim:
+        """The ledger row this assignment becomes."""
+        return SliceClaim(
+            card_uuid=self.card_uuid,
+            container_index=self.container_index,
+            init=self.init,
+            memory_mib=self.memory_mib,
+            cores=self.cores,
+        )
+
+
+@dataclass(frozen=True, slots=True, init=False, eq=False, repr=False)
+class NodeFit:
+    """Whether a pod fits a node and, if not, why.
+
+    ``refusals`` is empty iff ``feasible``. The filter builds infeasible results with a
+    deferred explanation, so the per-card sentences are only worked out for nodes whose
+    reasons somebody reads; the outcome is the same as if they had been built eagerly.
+    """
+
+    node: str
+    feasible: bool
+    _refusals: tuple[Refusal, ...] | None
+    # A deferred explanation is three references, not a closure: the filter makes one of
+    # these per infeasible node per cycle, and fewer allocations mean fewer GC pauses.
+    _explain: Callable[[NodeState, PodRequest], tuple[Refusal, ...]] | None
+    _state: NodeState | None
+    _request: PodRequest | None
+
+    def __init__(self, node: str, feasible: bool, refusals: Iterable[Refusal] = ()) -> None:
+        found = tuple(refusals)
+        if feasible and found:
+            raise ValueError("a feasible NodeFit carries no refusals")
+        if not feasible and not found:
+            raise ValueError("an infeasible NodeFit needs at least one refusal")
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "feasible", feasible)
+        object.__setattr__(self, "_refusals", found)
+        object.__setattr__(self, "_explain", None)
+        object.__setattr__(self, "_state", None)
+        object.__setattr__(self, "_request", None)
+
+    @classmethod
+    def deferred(
+        cls,
+        explain: Callable[[NodeState, PodRequest], tuple[Refusal, ...]],
+        state: NodeState,
+        request: PodRequest,
+    ) -> NodeFit:
+        """An infeasible fit whose refusals ``explain(state, request)`` works out when read."""
+        fit = object.__new__(cls)
+        object.__setattr__(fit, "node", state.name)
+        object.__setattr__(fit, "feasible", False)
+        object.__setattr__(fit, "_refusals", None)
+        object.__setattr__(fit, "_explain", explain)
+        object.__setattr__(fit, "_state", state)
+        object.__setattr__(fit, "_request", request)
+        return fit
+
+    @property
+    def refusals(self) -> tuple[Refusal, ...]:
+        """Reasons, most useful first; empty iff feasible."""
+        found = self._refusals
+        if found is None:
+            explain, state, request = self._explain, self._state, self._request
+            assert explain is not None and state is not None and request is not None
+            found = explain(state, request)
+            if not found:
+                raise AssertionError(f"no refusal explains why node {self.node} is infeasible")
+            # Caching a pure function of immutable inputs: two racing threads write equal values.
+            object.__setattr__(self, "_refusals", found)
+        return found
+
+    @property
+    def permanent(self) -> bool:
+        """True when the node is infeasible and every refusal is permanent."""
+        return not self.feasible and all(r.permanent for r in self.refusals)
+
+    def summary(self) -> str:
+        """One line a person can act on: the main reason, then counts of the others."""
+        if self.feasible:
+            return "fits"
+        first, *rest = self.refusals
+        if not rest:
+            return first.message
+        counts = Counter(r.code for r in rest)
+        others = ", ".join(f"{n} {_LABELS[code]}" for code, n in counts.most_common())
+        return f"{first.message} (also: {others})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeFit):
+            return NotImplemented
+        return (self.node, self.feasible, self.refusals) == (
+            other.node,
+            other.feasible,
+            other.refusals,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.node, self.feasible, self.refusals))
+
+    def __repr__(self) -> str:
+        return f"NodeFit(node={self.node!r}, feasible={self.feasible}, refusals={self.refusals!r})"

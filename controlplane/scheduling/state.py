@@ -1,0 +1,205 @@
+"""The cluster as the core sees it: nodes, cards and the room already taken on them.
+
+A :class:`NodeState` precomputes, once at construction, flat tuples of the numbers the
+filter looks at (free memory, free compute, free slots of each schedulable card). The
+filter runs for every node of the cluster on every scheduling cycle, and reading a few
+ints from a tuple is an order of magnitude cheaper than walking card objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CardState:
+    """One physical GPU and the room already claimed on it (summed from the ledger)."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    compute_units: int  # 100 = the whole card
+    slots: int  # most slices the card may hold at once
+    numa_node: int | None
+    healthy: bool
+    health_reason: str
+    cordoned: bool
+    used_memory_mib: int = 0
+    used_compute: int = 0
+    used_slots: int = 0
+    exclusive: bool = False  # holds a slice with 100% compute
+
+    @property
+    def schedulable(self) -> bool:
+        """Healthy and not cordoned: the card may take new slices if it has room."""
+        return self.healthy and not self.cordoned
+
+    @property
+    def busy(self) -> bool:
+        """Holds at least one slice (an exclusive slice needs a card where this is False)."""
+        return (
+            self.used_slots > 0
+            or self.used_memory_mib > 0
+            or self.used_compute > 0
+            or self.exclusive
+        )
+
+    @property
+    def free_memory_mib(self) -> int:
+        """Memory not claimed by any slice."""
+        return self.memory_mib - self.used_memory_mib
+
+    @property
+    def free_compute(self) -> int:
+        """Compute units not claimed by any slice."""
+        return self.compute_units - self.used_compute
+
+    @property
+    def free_slots(self) -> int:
+        """Slice slots still open."""
+        return self.slots - self.used_slots
+
+
+KEY_BITS = 6
+KEY_SPAN = 1 << KEY_BITS
+KEY_MASK = KEY_SPAN - 1
+
+
+class NodeView:
+    """Flat, precomputed numbers of one node's schedulable cards (internal to the core).
+
+    A plain slotted class rather than a dataclass: it is built once per node per snapshot
+    and read in the filter's innermost loop, where attribute access on ``__slots__`` is the
+    cheapest Python offers. Cards are ordered by (index, position) so that "ties go to the
+    lower index" is simply "ties go to the earlier position".
+    """
+
+    __slots__ = (
+        "avg_mem",
+        "busy",
+        "by_index",
+        "cards",
+        "d_fcu",
+        "d_fmem",
+        "d_fslots",
+        "excl",
+        "fcu",
+        "fmem",
+        "fslots",
+        "keys_binpack",
+        "keys_spread",
+        "labels",
+        "live_free",
+        "live_slots",
+        "max_fcu",
+        "max_fmem",
+        "mem_total",
+        "mem_used",
+        "model_l",
+        "n",
+        "ok",
+        "raw_fmem",
+        "tmem",
+        "uuid_l",
+    )
+
+    def __init__(self, ready: bool, cordoned: bool, cards: tuple[CardState, ...]) -> None:
+        order = sorted(range(len(cards)), key=lambda i: (cards[i].index, i))
+        sched = tuple(cards[i] for i in order if cards[i].schedulable)
+        self.cards = sched
+        # Every card (schedulable or not) by index, with its position among the schedulable
+        # ones or -1: what explanations walk.
+        where = {id(c): p for p, c in enumerate(sched)}
+        self.by_index = tuple((cards[i], where.get(id(cards[i]), -1)) for i in order)
+        # "card GPU-… (model)", the start of every per-card sentence, made once here.
+        self.labels = tuple(f"card {c.uuid} ({c.model})" for c in sched)
+        self.n = len(sched)
+        self.ok = ready and not cordoned and bool(sched)
+        self.tmem = tuple(c.memory_mib for c in sched)
+        self.raw_fmem = tuple(c.memory_mib - c.used_memory_mib for c in sched)
+        self.fcu = tuple(c.compute_units - c.used_compute for c in sched)
+        self.fslots = tuple(c.slots - c.used_slots for c in sched)
+        self.busy = tuple(c.busy for c in sched)
+        self.excl = tuple(c.exclusive for c in sched)
+        # Free memory folded with the yes/no gates every slice passes: a card with no free
+        # slot, an exclusive tenant or over-committed compute offers -1 MiB, which no
+        # request (>= 0 MiB, >= 0% compute) fits in.
+        self.fmem = tuple(
+            -1
+            if (c.exclusive or c.used_slots >= c.slots or c.used_compute > c.compute_units)
+            else c.memory_mib - c.used_memory_mib
+            for c in sched
+        )
+        self.max_fmem = max(self.fmem, default=-1)
+        # "Live" cards can take some slice now.
+        live = [p for p in range(self.n) if self.fmem[p] >= 0]
+        self.live_free = sum(self.fmem[p] for p in live)
+        self.live_slots = sum(self.fslots[p] for p in live)
+        self.max_fcu = max((self.fcu[p] for p in live), default=-1)
+        # Live cards by free memory, most first (ties: lower index), for scans that stop at
+        # the first card too small.
+        desc = sorted(live, key=lambda p: (-self.fmem[p], p))
+        self.d_fmem = tuple(self.fmem[p] for p in desc)
+        self.d_fcu = tuple(self.fcu[p] for p in desc)
+        self.d_fslots = tuple(self.fslots[p] for p in desc)
+        # Live cards packed into single ints, (free << KEY_BITS) | position, which sort like
+        # (free, position): the greedy keeps them in a list sorted in C rather than
+        # comparing tuples. Spread flips the position so that, scanned from the top, ties
+        # still go to the lower index. Nodes with more cards than a key holds take the
+        # general path.
+        if self.n <= KEY_SPAN:
+            self.keys_binpack: tuple[int, ...] | None = tuple(
+                sorted((self.fmem[p] << KEY_BITS) | p for p in live)
+            )
+            self.keys_spread: tuple[int, ...] | None = tuple(
+                sorted((self.fmem[p] << KEY_BITS) | (KEY_MASK - p) for p in live)
+            )
+        else:
+            self.keys_binpack = self.keys_spread = None
+        self.model_l = tuple(c.model.lower() for c in sched)
+        self.uuid_l = tuple(c.uuid.lower() for c in sched)
+        self.mem_total = sum(self.tmem)
+        self.mem_used = sum(c.used_memory_mib for c in sched)
+        self.avg_mem = self.mem_total // self.n if self.n else 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node and its cards."""
+
+    name: str
+    ready: bool
+    cordoned: bool
+    cards: tuple[CardState, ...]
+    view: NodeView = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cards, tuple):
+            object.__setattr__(self, "cards", tuple(self.cards))
+        object.__setattr__(self, "view", NodeView(self.ready, self.cordoned, self.cards))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every node the control plane knows, with a name index built once (O(cards))."""
+
+    nodes: tuple[NodeState, ...]
+    by_name: Mapping[str, NodeState] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, tuple):
+            object.__setattr__(self, "nodes", tuple(self.nodes))
+        index: dict[str, NodeState] = {}
+        for node in self.nodes:
+            if node.name in index:
+                raise ValueError(f"node {node.name!r} appears twice in the snapshot")
+            index[node.name] = node
+        # A plain dict (typed read-only): the filter does one lookup per node per cycle.
+        object.__setattr__(self, "by_name", index)
+
+    @classmethod
+    def build(cls, nodes: Iterable[NodeState]) -> Snapshot:
+        """A snapshot of ``nodes`` (any iterable)."""
+        return cls(tuple(nodes))

@@ -1,0 +1,313 @@
+"""Tessera control-plane settings, driven by the environment.
+
+Every knob has a safe embedded default (SQLite under `.local/`, no cluster = the embedded
+Kubernetes stand-in), so `make run` works on a bare machine. Production (`TESSERA_ENV=production`)
+refuses the development secret key and the embedded stand-in.
+
+Environment variables (all optional):
+  TESSERA_ENV            dev | test | production            (default: dev)
+  TESSERA_SECRET_KEY     Django secret key                   (required in production)
+  TESSERA_DEBUG          1/0                                 (default: 0)
+  TESSERA_ALLOWED_HOSTS  comma list                          (default: 127.0.0.1,localhost,[::1])
+  DATABASE_URL           e.g. postgres://user:pw@host:5432/db (default: sqlite:///.local/tessera.sqlite3)
+  REDIS_URL              Celery broker / locks               (default: redis://127.0.0.1:6379/0)
+  TESSERA_KUBE_MODE      auto | kubeconfig | incluster | embedded   (default: auto)
+  KUBECONFIG             kubeconfig path for mode kubeconfig (auto picks it when it exists)
+  TESSERA_RESOURCE_GPU / _GPUMEM / _GPUMEM_PERCENTAGE / _GPUCORES   resource names (DESIGN §3)
+  TESSERA_DEFAULT_GPUMEM_MIB, TESSERA_DEFAULT_GPUMEM_PERCENTAGE, TESSERA_DEFAULT_GPUCORES,
+  TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
+  TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+LOCAL_DIR = Path(os.environ.get("TESSERA_LOCAL_DIR", BASE_DIR / ".local"))
+
+DEV_SECRET_KEY = "tessera-insecure-dev-key-never-use-in-production"  # noqa: S105 - a marker, refused in production
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def env_int(name: str, default: int | None, *, low: int, high: int) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a whole number") from None
+    if not low <= value <= high:
+        raise ImproperlyConfigured(f"{name}={value}: expected a number from {low} to {high}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default).lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+TESSERA_ENV = env_choice("TESSERA_ENV", "dev", ("dev", "test", "production"))
+PRODUCTION = TESSERA_ENV == "production"
+
+SECRET_KEY = os.environ.get("TESSERA_SECRET_KEY", "") or DEV_SECRET_KEY
+if PRODUCTION and (SECRET_KEY == DEV_SECRET_KEY or len(SECRET_KEY) < 50):
+    raise ImproperlyConfigured(
+        "TESSERA_ENV=production needs TESSERA_SECRET_KEY set to a random string of at least "
+        "50 characters (e.g. from a Kubernetes Secret); the development key is refused."
+    )
+
+DEBUG = env_bool("TESSERA_DEBUG", False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("TESSERA_DEBUG must be off when TESSERA_ENV=production")
+
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in env_str("TESSERA_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if h.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "controlplane.access",
+    "controlplane.ledger",
+    "controlplane.extender",
+    "controlplane.dashboard",
+    "controlplane.reconciler",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "controlplane.middleware.BodySizeLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "controlplane.dashboard.context_processors.tessera_role",
+            ],
+        },
+    },
+]
+
+DEFAULT_DATABASE_URL = f"sqlite:///{LOCAL_DIR / 'tessera.sqlite3'}"
+DATABASE_URL = env_str("DATABASE_URL", "") or DEFAULT_DATABASE_URL
+if DATABASE_URL.split(":", 1)[0] not in {"sqlite", "postgres", "postgresql", "pgsql"}:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL scheme {DATABASE_URL.split(':', 1)[0]!r} is not supported: "
+        "use sqlite:///path or postgres://user:password@host:port/name"
+    )
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several threads/processes (gunicorn workers, the demo) share the file: wait for locks
+    # instead of failing at once, and take the write lock at BEGIN so lock -> recompute -> commit
+    # cannot be interleaved.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# --- Celery (reconciler): broker Redis, no result backend (tasks report through the ledger) ----
+RECONCILE_PERIOD_S = env_int("TESSERA_RECONCILE_PERIOD_S", 15, low=1, high=3600)
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a task whose worker dies is redelivered, not lost
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # Redis away for a while: keep trying
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+CELERY_TASK_DEFAULT_QUEUE = "tessera"
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {
+        "task": "controlplane.reconciler.tasks.reconcile",
+        "schedule": float(RECONCILE_PERIOD_S or 15),
+        # A reconcile that waited longer than a period is superseded by the next one.
+        "options": {"expires": float(RECONCILE_PERIOD_S or 15)},
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = LOCAL_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+
+# Request bodies: an inventory report of 64 cards is a few KiB; anything near 1 MiB is abuse.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.access.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.access.permissions.IsViewer"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tessera control plane API",
+    "DESCRIPTION": "Ledger of GPU nodes, cards, slices and pod bindings; node inventory reports.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("TESSERA_LOG_LEVEL", "INFO").upper()},
+}
+
+
+# --- Kubernetes connection (DESIGN §7) ----------------------------------------------------------
+def _kube_mode() -> tuple[str, str]:
+    mode = env_choice("TESSERA_KUBE_MODE", "auto", ("auto", "kubeconfig", "incluster", "embedded"))
+    kubeconfig = env_str("KUBECONFIG", str(Path.home() / ".kube" / "config"))
+    if mode == "auto":
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            mode = "incluster"
+        elif kubeconfig and Path(kubeconfig).is_file():
+            mode = "kubeconfig"
+        else:
+            mode = "embedded"
+    if mode == "kubeconfig" and not Path(kubeconfig).is_file():
+        raise ImproperlyConfigured(
+            f"TESSERA_KUBE_MODE=kubeconfig but KUBECONFIG={kubeconfig!r} is not a readable file"
+        )
+    if PRODUCTION and mode == "embedded":
+        raise ImproperlyConfigured(
+            "TESSERA_ENV=production needs a real cluster: the embedded Kubernetes stand-in is a "
+            "demo and test aid. Run in-cluster or set KUBECONFIG."
+        )
+    return mode, kubeconfig
+
+
+_mode, _kubeconfig = _kube_mode()
+
+# --- Tessera knobs: one namespace ---------------------------------------------------------------
+TESSERA = {
+    "KUBE_MODE": _mode,
+    "KUBECONFIG": _kubeconfig if _mode == "kubeconfig" else "",
+    "RESOURCES": {
+        "gpu": env_str("TESSERA_RESOURCE_GPU", "nvidia.com/gpu"),
+        "gpumem": env_str("TESSERA_RESOURCE_GPUMEM", "nvidia.com/gpumem"),
+        "gpumem_percentage": env_str(
+            "TESSERA_RESOURCE_GPUMEM_PERCENTAGE", "nvidia.com/gpumem-percentage"
+        ),
+        "gpucores": env_str("TESSERA_RESOURCE_GPUCORES", "nvidia.com/gpucores"),
+    },
+    "DEFAULT_GPUMEM_MIB": env_int("TESSERA_DEFAULT_GPUMEM_MIB", None, low=1, high=16 * 1024 * 1024),
+    "DEFAULT_GPUMEM_PERCENTAGE": env_int(
+        "TESSERA_DEFAULT_GPUMEM_PERCENTAGE", None, low=1, high=100
+    ),
+    "DEFAULT_GPUCORES": env_int("TESSERA_DEFAULT_GPUCORES", 0, low=0, high=100),
+    "DEFAULT_SLOTS": env_int("TESSERA_DEFAULT_SLOTS", 10, low=1, high=128),
+    "DEFAULT_NODE_POLICY": env_choice(
+        "TESSERA_DEFAULT_NODE_POLICY", "binpack", ("binpack", "spread")
+    ),
+    "DEFAULT_GPU_POLICY": env_choice("TESSERA_DEFAULT_GPU_POLICY", "spread", ("binpack", "spread")),
+    "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
+    "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
+    "DECISION_LOG_MAX_NODES": 50,
+    # reconciler
+    "RECONCILE_LOCK_TTL_S": env_int("TESSERA_RECONCILE_LOCK_TTL_S", 120, low=10, high=3600),
+    "FULL_RESYNC_S": env_int("TESSERA_FULL_RESYNC_S", 300, low=0, high=86400),
+    "WATCH_TIMEOUT_S": env_int("TESSERA_WATCH_TIMEOUT_S", 2, low=1, high=60),
+    "LIST_PAGE_SIZE": env_int("TESSERA_LIST_PAGE_SIZE", 500, low=10, high=5000),
+    # --- extender and admission webhook (issue 3; docs/extender.md) ---
+    # /scheduler/* is served only when on, and then only to loopback peers (the scheduler's
+    # sidecar). Off by default in production: ordinary replicas never answer the extender.
+    "SERVE_EXTENDER": env_bool("TESSERA_SERVE_EXTENDER", not PRODUCTION),
+    "SCHEDULER_NAME": env_str("TESSERA_SCHEDULER_NAME", "tessera-scheduler"),
+    # HMAC key for the allocation annotation (docs/allocation.md). Production reads the file;
+    # the plain variable is for dev/test; with neither, dev generates .local/allocation.key.
+    "ALLOCATION_KEY_FILE": env_str("TESSERA_ALLOCATION_KEY_FILE", ""),
+    "ALLOCATION_KEY": os.environ.get("TESSERA_ALLOCATION_KEY", ""),
+    # Filter/prioritize read a per-process snapshot at most this old (0 = always re-read).
+    "FILTER_SNAPSHOT_TTL_MS": env_int("TESSERA_FILTER_SNAPSHOT_TTL_MS", 250, low=0, high=5000),
+    # Largest extender / webhook body read (a v1.Pod plus NodeNames of a big cluster).
+    "EXTENDER_MAX_BODY": env_int(
+        "TESSERA_EXTENDER_MAX_BODY", 1024 * 1024, low=64 * 1024, high=64 * 1024 * 1024
+    ),
+}

@@ -1,0 +1,26 @@
+"""Settings for the test suite: the real settings, with fast password hashing.
+
+The database still comes from DATABASE_URL, so the same suite runs against SQLite (default)
+and PostgreSQL (CI sets DATABASE_URL=postgres://...).
+"""
+
+from controlplane.settings import *  # noqa: F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+# WhiteNoise looks for collected files at start-up; tests serve none, so give it an empty folder.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405
+
+# A fixed, public test key for the allocation signature (never a production key), and no
+# snapshot cache: each filter reads the committed ledger (tests of the cache switch it on).
+TESSERA = {  # noqa: F405
+    **TESSERA,  # noqa: F405
+    "ALLOCATION_KEY": "tessera-test-allocation-key-0123456789abcdef",
+    "ALLOCATION_KEY_FILE": "",
+    "FILTER_SNAPSHOT_TTL_MS": 0,
+    "SERVE_EXTENDER": True,
+}

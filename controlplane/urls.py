@@ -1,0 +1,23 @@
+"""URL map of the control plane (DESIGN §7)."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from controlplane import health
+
+admin.site.site_header = "Tessera control plane"
+admin.site.site_title = "Tessera"
+admin.site.index_title = "GPU ledger"
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("api/v1/", include("controlplane.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("admin/", admin.site.urls),
+    # extender (/scheduler/...) and admission webhook (/webhook/...): issue 3
+    path("", include("controlplane.extender.urls")),
+    # dashboard pages and /metrics: issue 8 (the dashboard owns "/")
+    path("", include("controlplane.dashboard.urls")),
+]

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Start (or reuse) the real services the test suite needs: PostgreSQL and Redis on loopback.
+# Installs them from Debian's packages when absent. Idempotent; prints the URLs to use:
+#   eval "$(scripts/services.sh up)"   -> exports TEST_POSTGRES_URL and REDIS_URL
+#   scripts/services.sh down           -> stops what this script started
+set -euo pipefail
+
+STATE=${TESSERA_SERVICES_DIR:-/var/tmp/tessera-services}
+PG_PORT=${TESSERA_PG_PORT:-55432}
+REDIS_PORT=${TESSERA_REDIS_PORT:-56379}
+log() { echo "services: $*" >&2; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  log "installing $* from Debian's packages"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || true
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+pg_up() {
+  local bin
+  bin=$(pg_bin) || { apt_install postgresql; bin=$(pg_bin); }
+  local data=$STATE/pg
+  # PostgreSQL refuses to run as root: run it as the 'postgres' user the package creates.
+  local runas=()
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    runas=(runuser -u postgres --)
+  fi
+  mkdir -p "$STATE"
+  chmod 755 "$STATE"
+  if [ ! -s "$data/PG_VERSION" ]; then
+    rm -rf "$data"; mkdir -p "$data"
+    [ "$(id -u)" = 0 ] && chown postgres "$data"
+    "${runas[@]}" "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 >"$STATE/initdb.log" 2>&1 \
+      || { cat "$STATE/initdb.log" >&2; exit 1; }
+  fi
+  if ! "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
+    "${runas[@]}" "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
+      -o "-p $PG_PORT -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+      start >&2 || { tail -20 "$data/server.log" >&2; exit 1; }
+  fi
+  log "PostgreSQL ready on 127.0.0.1:$PG_PORT"
+  echo "export TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/tessera"
+}
+
+redis_up() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  mkdir -p "$STATE/redis"
+  if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" \
+      --appendonly no --dir "$STATE/redis" --pidfile "$STATE/redis/redis.pid" \
+      --logfile "$STATE/redis/redis.log" >&2
+    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    redis-cli -p "$REDIS_PORT" ping >/dev/null || { tail -20 "$STATE/redis/redis.log" >&2; exit 1; }
+  fi
+  log "Redis ready on 127.0.0.1:$REDIS_PORT"
+  echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+}
+
+down() {
+  local bin
+  if bin=$(pg_bin) && [ -s "$STATE/pg/PG_VERSION" ]; then
+    if [ "$(id -u)" = 0 ]; then
+      runuser -u postgres -- "$bin/pg_ctl" -D "$STATE/pg" -m fast stop >&2 || true
+    else
+      "$bin/pg_ctl" -D "$STATE/pg" -m fast stop >&2 || true
+    fi
+  fi
+  if command -v redis-cli >/dev/null; then redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true; fi
+}
+
+case "${1:-up}" in
+  up) pg_up; redis_up ;;
+  postgres) pg_up ;;
+  redis) redis_up ;;
+  down) down ;;
+  *) echo "usage: $0 [up|postgres|redis|down]" >&2; exit 2 ;;
+esac

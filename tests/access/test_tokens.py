@@ -1,0 +1,89 @@
+"""`manage.py createtoken`, bearer tokens and roles."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
+
+from controlplane.access.models import ApiToken, digest
+from controlplane.access.roles import Role, has_role, role_of
+
+pytestmark = pytest.mark.django_db
+
+
+def createtoken(*args: str) -> str:
+    out = StringIO()
+    call_command("createtoken", *args, stdout=out)
+    return out.getvalue().strip()
+
+
+def test_createtoken_prints_a_working_token_and_stores_only_its_digest() -> None:
+    token = createtoken("gpu-node-1", "--role", "node")
+    assert token.startswith("tsr_") and len(token) > 40
+    stored = ApiToken.objects.get()
+    assert stored.key_digest == digest(token) and token not in stored.key_digest
+    user = get_user_model().objects.get(username="gpu-node-1")
+    assert role_of(user) is Role.NODE and not user.has_usable_password()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.put(
+        "/api/v1/nodes/gpu-node-1/inventory",
+        {"plugin_version": "1", "cards": []},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+
+
+def test_a_second_token_and_a_role_change() -> None:
+    first = createtoken("bob", "--role", "viewer")
+    second = createtoken("bob", "--role", "operator")
+    assert first != second and ApiToken.objects.count() == 2
+    user = get_user_model().objects.get(username="bob")
+    assert role_of(user) is Role.OPERATOR  # one role at a time
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("bob", "--role", "root"), "invalid choice"),
+        (("Not_A_Node", "--role", "node"), "node name"),
+        (("bad name!", "--role", "viewer"), "username"),
+    ],
+)
+def test_createtoken_bad_input_is_refused_and_creates_nothing(args, message) -> None:
+    with pytest.raises(CommandError, match=message):
+        createtoken(*args)
+    assert not ApiToken.objects.exists()
+    assert not get_user_model().objects.exists()
+
+
+def test_role_ranking() -> None:
+    users = {}
+    for role in Role:
+        createtoken(f"u-{role.value}", "--role", role.value)
+        users[role] = get_user_model().objects.get(username=f"u-{role.value}")
+    assert has_role(users[Role.ADMIN], Role.OPERATOR)
+    assert has_role(users[Role.OPERATOR], Role.VIEWER)
+    assert not has_role(users[Role.VIEWER], Role.OPERATOR)
+    assert not has_role(users[Role.NODE], Role.VIEWER)  # a machine identity is no person
+    assert not has_role(users[Role.ADMIN], Role.NODE)
+    assert users[Role.ADMIN].is_staff
+
+
+def test_expired_token_is_refused() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    token = createtoken("gpu-node-1", "--role", "node")
+    ApiToken.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.put(
+        "/api/v1/nodes/gpu-node-1/inventory", {"plugin_version": "1", "cards": []}, format="json"
+    )
+    assert response.status_code == 401

@@ -1,0 +1,201 @@
+"""PUT /api/v1/nodes/<name>/inventory: auth, roles, creation, updates and bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from controlplane.access.roles import Role
+from controlplane.ledger.models import AuditEvent, Card, Node
+from tests.builders import card_json, token_client
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/nodes/{}/inventory"
+
+
+def put(client: APIClient, node: str, body: Any, raw: bool = False):
+    data = body if raw else json.dumps(body)
+    return client.put(URL.format(node), data=data, content_type="application/json")
+
+
+def report(*cards: dict[str, Any], version: str = "0.1.0") -> dict[str, Any]:
+    return {"plugin_version": version, "cards": list(cards)}
+
+
+def ledger_state() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    nodes = list(
+        Node.objects.order_by("name").values_list(
+            "name", "ready", "last_heartbeat", "plugin_version"
+        )
+    )
+    cards = list(
+        Card.objects.order_by("uuid").values_list(
+            "uuid",
+            "node__name",
+            "index",
+            "model",
+            "memory_mib",
+            "numa_node",
+            "healthy",
+            "health_reason",
+            "present",
+        )
+    )
+    return nodes, cards
+
+
+def test_first_report_creates_node_and_cards_then_updates() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    first = put(client, "gpu-1", report(card_json("GPU-a", 0), card_json("GPU-b", 1)))
+    assert first.status_code == 201, first.json()
+    assert first.json()["created"] is True
+    assert first.json()["cards_added"] == ["GPU-a", "GPU-b"]
+    node = Node.objects.get(name="gpu-1")
+    assert node.ready and node.last_heartbeat is not None and node.plugin_version == "0.1.0"
+    assert sorted(node.cards.values_list("uuid", "memory_mib")) == [
+        ("GPU-a", 81920),
+        ("GPU-b", 81920),
+    ]
+    beat = node.last_heartbeat
+
+    second = put(
+        client,
+        "gpu-1",
+        report(card_json("GPU-a", 0, healthy=False, health_reason="XID 79"), version="0.2.0"),
+    )
+    assert second.status_code == 200, second.json()
+    assert second.json()["created"] is False
+    assert second.json()["cards_missing"] == ["GPU-b"]
+    node.refresh_from_db()
+    assert node.last_heartbeat > beat and node.plugin_version == "0.2.0"
+    a, b = Card.objects.get(uuid="GPU-a"), Card.objects.get(uuid="GPU-b")
+    assert (a.healthy, a.health_reason, a.present) == (False, "XID 79", True)
+    assert b.present is False  # stays on record, takes no new slices
+    actions = set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"node-registered", "card-health", "card-missing"} <= actions
+
+
+def test_admin_may_report_any_node() -> None:
+    client = token_client("root-admin", Role.ADMIN)
+    assert put(client, "gpu-9", report(card_json("GPU-z"))).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("credentials", "status"),
+    [
+        (None, 401),
+        ("Bearer not-a-token", 401),
+        ("Bearer two words", 401),
+        ("viewer", 403),
+        ("operator", 403),
+        ("other-node", 403),
+    ],
+)
+def test_auth_and_roles_refused_and_ledger_unchanged(credentials: str | None, status: int) -> None:
+    client = APIClient()
+    if credentials in ("viewer", "operator"):
+        client = token_client(f"{credentials}-person", Role(credentials))
+    elif credentials == "other-node":
+        client = token_client("gpu-2", Role.NODE)
+    elif credentials:
+        client.credentials(HTTP_AUTHORIZATION=credentials)
+    response = put(client, "gpu-1", report(card_json()))
+    assert response.status_code == status, response.content
+    assert "error" in response.json()
+    assert not Node.objects.exists() and not Card.objects.exists()
+
+
+def test_revoked_token_is_refused() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    from controlplane.access.models import ApiToken
+
+    ApiToken.objects.update(revoked=True)
+    assert put(client, "gpu-1", report(card_json())).status_code == 401
+
+
+BAD_INPUTS: list[tuple[str, Any, str]] = [
+    ("malformed-json", '{"plugin_version": "x", "cards": [', "body"),
+    ("not-an-object", "[1, 2]", "body"),
+    ("missing-cards", {"plugin_version": "x"}, "cards"),
+    ("cards-not-list", {"plugin_version": "x", "cards": {"uuid": "a"}}, "cards"),
+    ("version-not-string", {"plugin_version": 3, "cards": []}, "plugin_version"),
+    ("memory-string", report(card_json(memory_mib="81920")), "cards[0].memory_mib"),
+    ("memory-float", report(card_json(memory_mib=1.5)), "cards[0].memory_mib"),
+    ("memory-bool", report(card_json(memory_mib=True)), "cards[0].memory_mib"),
+    ("memory-negative", report(card_json(memory_mib=-1)), "cards[0].memory_mib"),
+    ("memory-zero", report(card_json(memory_mib=0)), "cards[0].memory_mib"),
+    ("memory-absurd", report(card_json(memory_mib=10**12)), "cards[0].memory_mib"),
+    ("healthy-string", report(card_json(healthy="yes")), "cards[0].healthy"),
+    ("index-negative", report(card_json(index=-1)), "cards[0].index"),
+    ("index-string", report(card_json(index="0")), "cards[0].index"),
+    ("uuid-number", report(card_json(uuid=5)), "cards[0].uuid"),
+    ("uuid-bad-chars", report(card_json(uuid="GPU a/b")), "cards[0].uuid"),
+    (
+        "uuid-missing",
+        report({k: v for k, v in card_json().items() if k != "uuid"}),
+        "cards[0].uuid",
+    ),
+    ("numa-string", report(card_json(numa_node="0")), "cards[0].numa_node"),
+    ("duplicate-uuid", report(card_json("GPU-a", 0), card_json("GPU-a", 1)), "cards[1].uuid"),
+    ("duplicate-index", report(card_json("GPU-a", 0), card_json("GPU-b", 0)), "cards[1].index"),
+    ("too-many-cards", report(*[card_json(f"GPU-{i}", i % 64) for i in range(65)]), "cards"),
+    (
+        "second-card-bad",
+        report(card_json("GPU-a", 0), card_json("GPU-b", 1, model=None)),
+        "cards[1].model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "field"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_names_the_field_and_changes_nothing(case: str, body: Any, field: str) -> None:
+    client = token_client("gpu-1", Role.NODE)
+    assert put(client, "gpu-1", report(card_json("GPU-keep", 0))).status_code == 201
+    before = ledger_state()
+    response = put(client, "gpu-1", body, raw=isinstance(body, str))
+    assert response.status_code == 400, response.content
+    payload = response.json()
+    assert field in payload["fields"], payload
+    assert payload["error"] and payload["fields"][field]
+    assert ledger_state() == before
+
+
+def test_invalid_node_name_is_400() -> None:
+    client = token_client("root-admin", Role.ADMIN)
+    response = put(client, "Bad_Name", report(card_json()))
+    assert response.status_code == 400
+    assert "name" in response.json()["fields"]
+    assert not Node.objects.exists()
+
+
+def test_card_of_another_node_is_refused_and_nothing_changes() -> None:
+    one, two = token_client("gpu-1", Role.NODE), token_client("gpu-2", Role.NODE)
+    assert put(one, "gpu-1", report(card_json("GPU-shared", 0))).status_code == 201
+    assert put(two, "gpu-2", report(card_json("GPU-own", 0))).status_code == 201
+    before = ledger_state()
+    response = put(two, "gpu-2", report(card_json("GPU-own", 0), card_json("GPU-shared", 1)))
+    assert response.status_code == 409
+    assert "cards[1].uuid" in response.json()["fields"]
+    assert "gpu-1" in response.json()["error"]
+    assert ledger_state() == before
+
+
+def test_oversized_body_is_refused() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    body = report(card_json(health_reason="x" * 2_000_000))
+    response = put(client, "gpu-1", body)
+    assert response.status_code in (400, 413)
+    assert "error" in response.json()
+    assert not Node.objects.exists()
+
+
+def test_wrong_method_and_content_type() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    assert client.get(URL.format("gpu-1")).status_code == 405
+    response = client.put(URL.format("gpu-1"), data="a=b", content_type="text/plain")
+    assert response.status_code == 415
+    assert not Node.objects.exists()

@@ -1,0 +1,83 @@
+"""Plain builder functions for the Django-side tests."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rest_framework.test import APIClient
+
+from controlplane.access.roles import Role
+from controlplane.access.services import create_token
+from controlplane.ledger.services import CardReport, InventoryReport, apply_inventory
+
+
+def card_report(uuid: str, index: int = 0, memory_mib: int = 81920, **kw: Any) -> CardReport:
+    return CardReport(
+        uuid=uuid,
+        index=index,
+        model=kw.get("model", "NVIDIA A100-SXM4-80GB"),
+        memory_mib=memory_mib,
+        numa_node=kw.get("numa_node", 0),
+        healthy=kw.get("healthy", True),
+        health_reason=kw.get("health_reason", ""),
+    )
+
+
+def make_node(name: str, cards: int = 2, memory_mib: int = 81920, **kw: Any):
+    report = InventoryReport(
+        plugin_version="test",
+        cards=tuple(card_report(f"GPU-{name}-{i}", i, memory_mib, **kw) for i in range(cards)),
+    )
+    return apply_inventory(name, report, actor="test").node
+
+
+def card_json(uuid: str = "GPU-aaaa-0", index: int = 0, **kw: Any) -> dict[str, Any]:
+    card = {
+        "uuid": uuid,
+        "index": index,
+        "model": "NVIDIA A100-SXM4-80GB",
+        "memory_mib": 81920,
+        "numa_node": 0,
+        "healthy": True,
+        "health_reason": "",
+    }
+    card.update(kw)
+    return card
+
+
+def pod_json(
+    name: str = "p",
+    namespace: str = "default",
+    uid: str | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{namespace}-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": {"containers": containers or []},
+    }
+
+
+def gpu_container(name: str = "c", gpus: int = 1, mem: int | None = None, cores: int | None = None):
+    limits: dict[str, Any] = {"nvidia.com/gpu": gpus}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = mem
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = cores
+    return {"name": name, "resources": {"limits": limits}}
+
+
+def token_client(username: str, role: Role) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {create_token(username, role)}")
+    return client
+
+
+def using_postgres() -> bool:
+    return os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
