@@ -1,0 +1,618 @@
+/*
+ * Memory hooks: count every device allocation against the container's limit
+ * and report the slice instead of the card.
+ *
+ * Order matters: room is reserved in the shared region before the driver is
+ * called (so a refusal never reaches the driver) and given back when the
+ * driver fails; an allocation leaves the local map before the driver frees it
+ * (so an address the driver hands out again cannot be confused with it).
+ */
+#include "shim.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------ local map of allocations */
+
+enum alloc_kind { KIND_EMPTY = 0, KIND_PTR = 1, KIND_ARRAY = 2, KIND_MIPMAP = 3, KIND_VMM = 4, KIND_TOMB = 255 };
+
+struct alloc_entry {
+    uint64_t key;
+    uint64_t size;
+    uint32_t dev;
+    uint32_t kind;
+};
+
+/* A spinlock: the critical sections are a few loads and stores, and an uncontended
+ * acquire/release pair costs one atomic exchange instead of a mutex's two RMWs. */
+static int map_lock;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline void map_lock_acquire(void)
+{
+    while (__atomic_exchange_n(&map_lock, 1, __ATOMIC_ACQUIRE) != 0) {
+        for (int spins = 0; __atomic_load_n(&map_lock, __ATOMIC_RELAXED) != 0; spins++)
+            if (spins > 64)
+                sched_yield();
+            else
+                cpu_relax();
+    }
+}
+
+static inline void map_lock_release(void)
+{
+    __atomic_store_n(&map_lock, 0, __ATOMIC_RELEASE);
+}
+static struct alloc_entry *map_slots;
+static size_t map_cap;   /* power of two */
+static size_t map_used;  /* live + tombstones */
+static size_t map_live;
+
+static inline size_t map_hash(uint64_t key, uint32_t kind)
+{
+    uint64_t h = (key ^ ((uint64_t)kind << 56)) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 17);
+}
+
+static int map_grow(void)
+{
+    size_t ncap = map_cap ? (map_live * 4 > map_cap ? map_cap * 2 : map_cap) : 1024;
+    struct alloc_entry *n = calloc(ncap, sizeof *n);
+    if (n == NULL)
+        return -1;
+    for (size_t i = 0; i < map_cap; i++) {
+        struct alloc_entry *e = &map_slots[i];
+        if (e->kind == KIND_EMPTY || e->kind == KIND_TOMB)
+            continue;
+        size_t j = map_hash(e->key, e->kind) & (ncap - 1);
+        while (n[j].kind != KIND_EMPTY)
+            j = (j + 1) & (ncap - 1);
+        n[j] = *e;
+    }
+    free(map_slots);
+    map_slots = n;
+    map_cap = ncap;
+    map_used = map_live;
+    return 0;
+}
+
+/* Returns -1 when memory for the map itself cannot be had. */
+static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev)
+{
+    int saved = errno;
+    int rc = 0;
+    map_lock_acquire();
+    if ((map_used + 1) * 2 > map_cap && map_grow() != 0) {
+        rc = -1;
+        goto out;
+    }
+    size_t mask = map_cap - 1, i = map_hash(key, kind) & mask, tomb = SIZE_MAX;
+    for (;; i = (i + 1) & mask) {
+        struct alloc_entry *e = &map_slots[i];
+        if (e->kind == KIND_EMPTY)
+            break;
+        if (e->kind == KIND_TOMB) {
+            if (tomb == SIZE_MAX)
+                tomb = i;
+        } else if (e->kind == kind && e->key == key) {
+            /* The driver handed out a key we still track: it was freed behind our back. */
+            tessera_region_release((int)e->dev, e->size);
+            e->size = size;
+            e->dev = (uint32_t)dev;
+            goto out;
+        }
+    }
+    if (tomb != SIZE_MAX)
+        i = tomb;
+    else
+        map_used++;
+    map_slots[i] = (struct alloc_entry){key, size, (uint32_t)dev, kind};
+    map_live++;
+out:
+    map_lock_release();
+    errno = saved;
+    return rc;
+}
+
+static bool map_take(uint32_t kind, uint64_t key, struct alloc_entry *out)
+{
+    bool found = false;
+    map_lock_acquire();
+    if (map_cap != 0) {
+        size_t mask = map_cap - 1;
+        for (size_t i = map_hash(key, kind) & mask;; i = (i + 1) & mask) {
+            struct alloc_entry *e = &map_slots[i];
+            if (e->kind == KIND_EMPTY)
+                break;
+            if (e->kind == kind && e->key == key) {
+                *out = *e;
+                e->kind = KIND_TOMB;
+                map_live--;
+                found = true;
+                break;
+            }
+        }
+    }
+    map_lock_release();
+    return found;
+}
+
+void tessera_memory_after_fork_child(void)
+{
+    /* The child inherits no device memory; forget the parent's (leaking the old table is fine). */
+    map_lock = 0;
+    map_slots = NULL;
+    map_cap = map_used = map_live = 0;
+}
+
+/* --------------------------------------------------------------- helpers */
+
+uint64_t tessera_mem_limit(int dev)
+{
+    if ((unsigned)dev >= TESSERA_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&tessera_cfg.mem_limit[dev], __ATOMIC_RELAXED);
+}
+
+int tessera_current_device(void)
+{
+    CUdevice d = 0;
+    if (REAL(cuCtxGetDevice)(&d) != CUDA_SUCCESS)
+        return 0; /* no context: the driver will refuse the call itself */
+    return (int)d;
+}
+
+/* Room for bytes on dev, or false (logged at info level) when the limit says no. */
+static inline bool reserve(int dev, uint64_t bytes)
+{
+    if (TESSERA_LIKELY(tessera_region_reserve(dev, bytes, tessera_mem_limit(dev))))
+        return true;
+    TLOG(TLOG_INFO, "refused %llu bytes on device %d: limit %llu, in use %llu", (unsigned long long)bytes, dev,
+         (unsigned long long)tessera_mem_limit(dev), (unsigned long long)tessera_region_used(dev));
+    return false;
+}
+
+static inline void track(uint32_t kind, uint64_t key, uint64_t bytes, int dev)
+{
+    if (map_put(kind, key, bytes, dev) != 0) {
+        /* Cannot remember it, so cannot uncount it later: uncount now rather than leak the limit. */
+        tessera_region_release(dev, bytes);
+        TLOG(TLOG_WARN, "out of host memory for bookkeeping; an allocation of %llu bytes is not counted",
+             (unsigned long long)bytes);
+    }
+}
+
+static inline void untrack(uint32_t kind, uint64_t key)
+{
+    struct alloc_entry e;
+    if (map_take(kind, key, &e))
+        tessera_region_release((int)e.dev, e.size);
+}
+
+/* Give an entry back to the map when the driver refused to free it. */
+static inline void retrack(const struct alloc_entry *e)
+{
+    (void)map_put(e->kind, e->key, e->size, (int)e->dev);
+}
+
+#define OFF_OR_UNLIMITED(dev) (!tessera_mem_on || tessera_mem_limit(dev) == 0)
+
+/* ----------------------------------------------------- linear allocations */
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
+    tessera_ensure_init();
+    if (TESSERA_LIKELY(!tessera_mem_on))
+        return real(dptr, bytesize);
+    int dev = tessera_current_device();
+    if (tessera_mem_limit(dev) == 0)
+        return real(dptr, bytesize);
+    if (!reserve(dev, bytesize))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, bytesize);
+    if (r != CUDA_SUCCESS || dptr == NULL) {
+        tessera_region_release(dev, bytesize);
+        return r;
+    }
+    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    __typeof__(&cuMemAllocManaged) real = REAL(cuMemAllocManaged);
+    tessera_ensure_init();
+    if (TESSERA_LIKELY(!tessera_mem_on))
+        return real(dptr, bytesize, flags);
+    /* Counted in full on the current device: pages may all migrate there. */
+    int dev = tessera_current_device();
+    if (tessera_mem_limit(dev) == 0)
+        return real(dptr, bytesize, flags);
+    if (!reserve(dev, bytesize))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, bytesize, flags);
+    if (r != CUDA_SUCCESS || dptr == NULL) {
+        tessera_region_release(dev, bytesize);
+        return r;
+    }
+    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                    unsigned int ElementSizeBytes)
+{
+    __typeof__(&cuMemAllocPitch_v2) real = REAL(cuMemAllocPitch_v2);
+    tessera_ensure_init();
+    if (TESSERA_LIKELY(!tessera_mem_on))
+        return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    int dev = tessera_current_device();
+    if (tessera_mem_limit(dev) == 0)
+        return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    /* The pitch is chosen by the driver: reserve the lower bound, then settle the difference. */
+    uint64_t est = (uint64_t)WidthInBytes * Height;
+    if (Height != 0 && est / Height != WidthInBytes)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reserve(dev, est))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r != CUDA_SUCCESS || dptr == NULL || pPitch == NULL) {
+        tessera_region_release(dev, est);
+        return r;
+    }
+    uint64_t actual = (uint64_t)*pPitch * Height;
+    if (actual > est && !reserve(dev, actual - est)) {
+        REAL(cuMemFree_v2)(*dptr);
+        tessera_region_release(dev, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < est)
+        tessera_region_release(dev, est - actual);
+    track(KIND_PTR, (uint64_t)*dptr, actual, dev);
+    return r;
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    __typeof__(&cuMemFree_v2) real = REAL(cuMemFree_v2);
+    if (TESSERA_LIKELY(!tessera_mem_on))
+        return real(dptr);
+    struct alloc_entry e;
+    bool had = map_take(KIND_PTR, (uint64_t)dptr, &e);
+    CUresult r = real(dptr);
+    if (!had)
+        return r;
+    if (r == CUDA_SUCCESS)
+        tessera_region_release((int)e.dev, e.size);
+    else
+        retrack(&e);
+    return r;
+}
+
+/* --------------------------------------------------- stream-ordered (async) */
+
+/* Counted when asked for, uncounted when the free is enqueued. */
+#define ASYNC_ALLOC_BODY(realfn, ...)                                     \
+    tessera_ensure_init();                                                \
+    if (TESSERA_LIKELY(!tessera_mem_on))                                  \
+        return realfn(__VA_ARGS__);                                       \
+    int dev = tessera_current_device();                                   \
+    if (tessera_mem_limit(dev) == 0)                                      \
+        return realfn(__VA_ARGS__);                                       \
+    if (!reserve(dev, bytesize))                                          \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                  \
+    CUresult r = realfn(__VA_ARGS__);                                     \
+    if (r != CUDA_SUCCESS || dptr == NULL) {                              \
+        tessera_region_release(dev, bytesize);                            \
+        return r;                                                         \
+    }                                                                     \
+    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);                      \
+    return r
+
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    __typeof__(&cuMemAllocAsync) real = REAL(cuMemAllocAsync);
+    ASYNC_ALLOC_BODY(real, dptr, bytesize, hStream);
+}
+
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    __typeof__(&cuMemAllocAsync_ptsz) real = REAL(cuMemAllocAsync_ptsz);
+    ASYNC_ALLOC_BODY(real, dptr, bytesize, hStream);
+}
+
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    __typeof__(&cuMemAllocFromPoolAsync) real = REAL(cuMemAllocFromPoolAsync);
+    ASYNC_ALLOC_BODY(real, dptr, bytesize, pool, hStream);
+}
+
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream)
+{
+    __typeof__(&cuMemAllocFromPoolAsync_ptsz) real = REAL(cuMemAllocFromPoolAsync_ptsz);
+    ASYNC_ALLOC_BODY(real, dptr, bytesize, pool, hStream);
+}
+
+#define FREE_BODY(realfn, kind, key, ...)                                 \
+    if (TESSERA_LIKELY(!tessera_mem_on))                                  \
+        return realfn(__VA_ARGS__);                                       \
+    struct alloc_entry e;                                                 \
+    bool had = map_take((kind), (uint64_t)(key), &e);                     \
+    CUresult r = realfn(__VA_ARGS__);                                     \
+    if (had) {                                                            \
+        if (r == CUDA_SUCCESS)                                            \
+            tessera_region_release((int)e.dev, e.size);                   \
+        else                                                              \
+            retrack(&e);                                                  \
+    }                                                                     \
+    return r
+
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    __typeof__(&cuMemFreeAsync) real = REAL(cuMemFreeAsync);
+    FREE_BODY(real, KIND_PTR, dptr, dptr, hStream);
+}
+
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    __typeof__(&cuMemFreeAsync_ptsz) real = REAL(cuMemFreeAsync_ptsz);
+    FREE_BODY(real, KIND_PTR, dptr, dptr, hStream);
+}
+
+/* ---------------------------------------------------------- virtual memory */
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags)
+{
+    __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
+    tessera_ensure_init();
+    /* Only physical memory on a device counts; host and host-NUMA locations do not. */
+    if (TESSERA_LIKELY(!tessera_mem_on) || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return real(handle, size, prop, flags);
+    int dev = prop->location.id;
+    if (tessera_mem_limit(dev) == 0)
+        return real(handle, size, prop, flags);
+    if (!reserve(dev, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real(handle, size, prop, flags);
+    if (r != CUDA_SUCCESS || handle == NULL) {
+        tessera_region_release(dev, size);
+        return r;
+    }
+    track(KIND_VMM, (uint64_t)*handle, size, dev);
+    return r;
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
+    FREE_BODY(real, KIND_VMM, handle, handle);
+}
+
+/* ------------------------------------------------------------------ arrays */
+
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch ((int)f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4:
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2:
+        return 4;
+    case CU_AD_FORMAT_UNORM_INT16X4:
+    case CU_AD_FORMAT_SNORM_INT16X4:
+        return 8;
+    default:
+        return 4; /* packed, planar and block-compressed formats: at most 4 bytes per element and channel */
+    }
+}
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format f)
+{
+    uint64_t n = mul_sat(mul_sat(w ? w : 1, h ? h : 1), d ? d : 1);
+    return mul_sat(n, mul_sat(channels ? channels : 1, format_bytes(f)));
+}
+
+#define ARRAY_CREATE_BODY(realfn, kind, bytes, ...)                       \
+    tessera_ensure_init();                                                \
+    if (TESSERA_LIKELY(!tessera_mem_on) || pHandle == NULL || desc == NULL) \
+        return realfn(__VA_ARGS__);                                       \
+    int dev = tessera_current_device();                                   \
+    if (tessera_mem_limit(dev) == 0)                                      \
+        return realfn(__VA_ARGS__);                                       \
+    uint64_t need = (bytes);                                              \
+    if (!reserve(dev, need))                                              \
+        return CUDA_ERROR_OUT_OF_MEMORY;                                  \
+    CUresult r = realfn(__VA_ARGS__);                                     \
+    if (r != CUDA_SUCCESS) {                                              \
+        tessera_region_release(dev, need);                                \
+        return r;                                                         \
+    }                                                                     \
+    track((kind), (uint64_t)(uintptr_t)*pHandle, need, dev);              \
+    return r
+
+CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    __typeof__(&cuArrayCreate_v2) real = REAL(cuArrayCreate_v2);
+    const CUDA_ARRAY_DESCRIPTOR *desc = pAllocateArray;
+    ARRAY_CREATE_BODY(real, KIND_ARRAY, array_bytes(desc->Width, desc->Height, 1, desc->NumChannels, desc->Format),
+                      pHandle, pAllocateArray);
+}
+
+CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    __typeof__(&cuArray3DCreate_v2) real = REAL(cuArray3DCreate_v2);
+    const CUDA_ARRAY3D_DESCRIPTOR *desc = pAllocateArray;
+    ARRAY_CREATE_BODY(real, KIND_ARRAY,
+                      array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels, desc->Format),
+                      pHandle, pAllocateArray);
+}
+
+/* Levels halve width, height and (unless layered) depth, never below 1. */
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+    uint64_t total = 0;
+    size_t w = d->Width, h = d->Height, z = d->Depth;
+    bool layered = (d->Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        uint64_t add = array_bytes(w, h, z, d->NumChannels, d->Format);
+        total = total + add < total ? UINT64_MAX : total + add;
+        w = w > 1 ? w / 2 : w;
+        h = h > 1 ? h / 2 : h;
+        if (!layered)
+            z = z > 1 ? z / 2 : z;
+    }
+    return total;
+}
+
+CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                        unsigned int numMipmapLevels)
+{
+    __typeof__(&cuMipmappedArrayCreate) real = REAL(cuMipmappedArrayCreate);
+    const CUDA_ARRAY3D_DESCRIPTOR *desc = pMipmappedArrayDesc;
+    ARRAY_CREATE_BODY(real, KIND_MIPMAP, mipmap_bytes(desc, numMipmapLevels), pHandle, pMipmappedArrayDesc,
+                      numMipmapLevels);
+}
+
+CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
+{
+    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
+    FREE_BODY(real, KIND_ARRAY, (uintptr_t)hArray, hArray);
+}
+
+CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
+    FREE_BODY(real, KIND_MIPMAP, (uintptr_t)hMipmappedArray, hMipmappedArray);
+}
+
+/* --------------------------------------------------------------- reporting */
+
+/* total = min(limit, card); free = min(total - used, card free), never negative. */
+static void clamp_report(uint64_t limit, uint64_t used, uint64_t card_total, uint64_t card_free,
+                         uint64_t *total_out, uint64_t *free_out)
+{
+    uint64_t total = limit < card_total ? limit : card_total;
+    uint64_t free = used < total ? total - used : 0;
+    if (free > card_free)
+        free = card_free;
+    *total_out = total;
+    *free_out = free;
+}
+
+CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
+    tessera_ensure_init();
+    CUresult r = real(free, total);
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != CUDA_SUCCESS || free == NULL || total == NULL)
+        return r;
+    int dev = tessera_current_device();
+    uint64_t limit = tessera_mem_limit(dev);
+    if (limit == 0)
+        return r;
+    uint64_t t, f;
+    tessera_region_reap_if_due();
+    clamp_report(limit, tessera_region_used(dev), *total, *free, &t, &f);
+    *total = (size_t)t;
+    *free = (size_t)f;
+    return r;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    __typeof__(&cuDeviceTotalMem_v2) real = REAL(cuDeviceTotalMem_v2);
+    tessera_ensure_init();
+    CUresult r = real(bytes, dev);
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != CUDA_SUCCESS || bytes == NULL)
+        return r;
+    uint64_t limit = tessera_mem_limit((int)dev);
+    if (limit != 0 && limit < *bytes)
+        *bytes = (size_t)limit;
+    return r;
+}
+
+/* NVML index = device ordinal in the container (both list the container's cards in PCI order). */
+static int nvml_ordinal(nvmlDevice_t device)
+{
+    unsigned idx = 0;
+    if (REAL(nvmlDeviceGetIndex)(device, &idx) != NVML_SUCCESS)
+        return -1;
+    return (int)idx;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL(nvmlDeviceGetMemoryInfo);
+    tessera_ensure_init();
+    nvmlReturn_t r = real(device, memory);
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL)
+        return r;
+    int dev = nvml_ordinal(device);
+    uint64_t limit = tessera_mem_limit(dev);
+    if (dev < 0 || limit == 0)
+        return r;
+    tessera_region_reap_if_due();
+    uint64_t used = tessera_region_used(dev), t, f;
+    clamp_report(limit, used, memory->total, UINT64_MAX, &t, &f);
+    memory->total = t;
+    memory->free = f;
+    memory->used = t - f;
+    return r;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL(nvmlDeviceGetMemoryInfo_v2);
+    tessera_ensure_init();
+    nvmlReturn_t r = real(device, memory);
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL)
+        return r;
+    int dev = nvml_ordinal(device);
+    uint64_t limit = tessera_mem_limit(dev);
+    if (dev < 0 || limit == 0)
+        return r;
+    tessera_region_reap_if_due();
+    uint64_t used = tessera_region_used(dev), t, f;
+    clamp_report(limit, used, memory->total, UINT64_MAX, &t, &f);
+    memory->total = t;
+    memory->reserved = 0; /* the driver's reservation is outside the slice */
+    memory->free = f;
+    memory->used = t - f;
+    return r;
+}

@@ -1,0 +1,107 @@
+/* Internal interface between the shim's source files.  Nothing here is exported. */
+#ifndef TESSERA_SHIM_H
+#define TESSERA_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+/* cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; the shim defines both. */
+#undef cuGetProcAddress
+#define NVML_NO_UNVERSIONED_FUNC_DEFS /* name every versioned entry point explicitly */
+#include <nvml.h>
+
+#include "region_layout.h"
+
+#define TESSERA_EXPORT __attribute__((visibility("default")))
+#define TESSERA_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TESSERA_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Declarations of every hook (exported) and of the real entry points we call. */
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+#define CU_HOOK(symbol, base, since, stream, params, args) TESSERA_EXPORT CUresult CUDAAPI symbol params;
+#define NVML_HOOK(symbol, params, args) TESSERA_EXPORT nvmlReturn_t DECLDIR symbol params;
+#define CU_REAL(symbol, params) CUresult CUDAAPI symbol params;
+#define NVML_REAL(symbol, params) nvmlReturn_t DECLDIR symbol params;
+#include "hooks.def"
+
+enum tessera_hook_id {
+#define CU_HOOK(symbol, base, since, stream, params, args) TESSERA_ID_##symbol,
+#define NVML_HOOK(symbol, params, args) TESSERA_ID_##symbol,
+#define CU_REAL(symbol, params) TESSERA_ID_##symbol,
+#define NVML_REAL(symbol, params) TESSERA_ID_##symbol,
+#include "hooks.def"
+    TESSERA_ID_COUNT
+};
+
+/* Real entry points, resolved on first use (see shim.c). */
+extern void *tessera_real_table[TESSERA_ID_COUNT];
+void *tessera_resolve(enum tessera_hook_id id);
+
+static inline void *tessera_real(enum tessera_hook_id id)
+{
+    void *fn = __atomic_load_n(&tessera_real_table[id], __ATOMIC_ACQUIRE);
+    if (TESSERA_UNLIKELY(fn == NULL))
+        fn = tessera_resolve(id);
+    return fn;
+}
+#define REAL(symbol) ((__typeof__(&symbol))tessera_real(TESSERA_ID_##symbol))
+
+/* ---- settings (read once, at load) ---- */
+enum { TLOG_OFF = 0, TLOG_ERROR = 1, TLOG_WARN = 2, TLOG_INFO = 3, TLOG_DEBUG = 4 };
+extern int tessera_log_level;
+void tessera_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define TLOG(level, ...)                                                   \
+    do {                                                                   \
+        if (TESSERA_UNLIKELY(tessera_log_level >= (level)))                \
+            tessera_log((level), __VA_ARGS__);                             \
+    } while (0)
+
+struct tessera_settings {
+    uint64_t mem_limit[TESSERA_MAX_DEVICES];  /* bytes, 0 = none */
+    uint32_t core_limit[TESSERA_MAX_DEVICES]; /* percent, 0 = none */
+};
+extern struct tessera_settings tessera_cfg;
+/* Non-zero once any memory limit is set: the only thing memory hooks test when off. */
+extern int tessera_mem_on;
+/* Bit i set = device i has a compute limit: the only thing launch hooks test when off. */
+extern uint32_t tessera_core_mask;
+
+extern int tessera_init_done;
+void tessera_init_slow(void);
+static inline void tessera_ensure_init(void)
+{
+    if (TESSERA_UNLIKELY(!__atomic_load_n(&tessera_init_done, __ATOMIC_ACQUIRE)))
+        tessera_init_slow();
+}
+
+/* ---- shared region (region.c) ---- */
+/* Open or create the region at path; NULL path or any problem → process-local region.
+ * Returns 0 when the shared file is in use, -1 on fallback (message already logged). */
+int tessera_region_setup(const char *path);
+bool tessera_region_shared(void);
+bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit);
+void tessera_region_release(int dev, uint64_t bytes);
+uint64_t tessera_region_used(int dev);
+void tessera_region_publish_device(int dev, uint64_t limit, uint64_t card_total, uint32_t core_pct);
+int tessera_region_reap(void);
+void tessera_region_reap_if_due(void);
+void tessera_region_after_fork_child(void);
+void tessera_region_at_exit(void);
+
+/* ---- memory (memory.c) ---- */
+void tessera_memory_after_fork_child(void);
+/* Effective limit for dev (bytes), 0 = none.  Clamped to the card once known. */
+uint64_t tessera_mem_limit(int dev);
+int tessera_current_device(void);
+
+/* ---- compute (compute.c) ---- */
+void tessera_compute_throttle(void);
+void tessera_compute_after_fork_child(void);
+void tessera_compute_init(void);
+
+/* ---- cuGetProcAddress (shim.c) ---- */
+void *tessera_proc_address_substitute(const char *symbol, void *fn, int cuda_version, cuuint64_t flags);
+
+#endif

@@ -1,0 +1,172 @@
+"""The node plugin's view of the shim's shared region.
+
+The Python mirror (nodeplugin/shared_region.py) must match the C layout byte for byte: a
+small C program built from shim/region_layout.h prints every offset and size, and these
+tests compare.  read_region is then checked against a region written by the real shim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nodeplugin import shared_region as sr
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM = ROOT / "shim"
+BUILD = SHIM / "build"
+MiB = 1 << 20
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "tessera_region_header": sr.RegionHeader,
+    "tessera_region_device": sr.RegionDevice,
+    "tessera_region_proc": sr.RegionProc,
+    "tessera_region": sr.Region,
+}
+CONSTANTS = {
+    "TESSERA_REGION_MAGIC": sr.REGION_MAGIC,
+    "TESSERA_REGION_VERSION": sr.REGION_VERSION,
+    "TESSERA_MAX_DEVICES": sr.MAX_DEVICES,
+    "TESSERA_MAX_PROCS": sr.MAX_PROCS,
+}
+
+
+def make(*targets: str) -> None:
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.fail("make and a C compiler are needed to build the shim's layout probe")
+    subprocess.run(["make", "-s", "-C", str(SHIM), *targets], check=True)
+
+
+@pytest.fixture(scope="module")
+def c_layout() -> dict[str, tuple[int, int]]:
+    make("build/region_offsets")
+    out = subprocess.run(
+        [str(BUILD / "region_offsets")], check=True, capture_output=True, text=True
+    ).stdout
+    layout = {}
+    for line in out.splitlines():
+        name, offset, size = line.split()
+        layout[name] = (int(offset), int(size))
+    return layout
+
+
+def test_every_c_field_has_the_same_offset_and_size_in_python(
+    c_layout: dict[str, tuple[int, int]],
+) -> None:
+    seen = set()
+    for name, (offset, size) in c_layout.items():
+        if name.startswith("const."):
+            continue
+        struct_name, _, field = name.partition(".")
+        cls = STRUCTS[struct_name]
+        if not field:
+            assert ctypes.sizeof(cls) == size, f"sizeof(struct {struct_name})"
+            continue
+        descriptor = getattr(cls, field)
+        assert (descriptor.offset, descriptor.size) == (offset, size), name
+        seen.add((struct_name, field))
+    for struct_name, cls in STRUCTS.items():
+        for field, *_ in cls._fields_:
+            assert (struct_name, field) in seen, f"{struct_name}.{field} is not in the C layout"
+
+
+def test_constants_match_the_c_header(c_layout: dict[str, tuple[int, int]]) -> None:
+    for name, value in CONSTANTS.items():
+        assert c_layout[f"const.{name}"][0] == value, name
+
+
+def blank_region() -> sr.Region:
+    region = sr.Region()
+    region.hdr.magic = sr.REGION_MAGIC
+    region.hdr.version = sr.REGION_VERSION
+    region.hdr.header_size = ctypes.sizeof(sr.RegionHeader)
+    region.hdr.region_size = sr.REGION_SIZE
+    region.hdr.max_devices = sr.MAX_DEVICES
+    region.hdr.max_procs = sr.MAX_PROCS
+    return region
+
+
+def test_parse_sums_process_slots_per_device() -> None:
+    region = blank_region()
+    region.hdr.proc_hwm = 3
+    region.dev[0].mem_limit_bytes = 1024 * MiB
+    region.dev[1].core_limit_pct = 30
+    region.proc[0].pid = 10
+    region.proc[0].used[0] = 100 * MiB
+    region.proc[2].pid = 12
+    region.proc[2].used[0] = 50 * MiB
+    region.proc[2].used[1] = 7 * MiB
+    snap = sr.parse_region(bytes(region))
+    assert [p.pid for p in snap.processes] == [10, 12]
+    dev0, dev1 = snap.device(0), snap.device(1)
+    assert dev0 is not None and dev1 is not None
+    assert (dev0.limit_bytes, dev0.used_bytes) == (1024 * MiB, 150 * MiB)
+    assert (dev1.core_limit_pct, dev1.used_bytes) == (30, 7 * MiB)
+    assert snap.device(2) is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: struct.pack_into("<Q", b, 0, 0x1234), "bad magic"),
+        (lambda b: struct.pack_into("<I", b, 8, 2), "region version 2"),
+    ],
+)
+def test_parse_refuses_foreign_regions(mutate: Callable[[bytearray], None], message: str) -> None:
+    data = bytearray(bytes(blank_region()))
+    mutate(data)
+    with pytest.raises(sr.RegionError, match=message):
+        sr.parse_region(bytes(data))
+
+
+def test_parse_refuses_short_files() -> None:
+    with pytest.raises(sr.RegionError, match="too short"):
+        sr.parse_region(b"TESSERA")
+    with pytest.raises(sr.RegionError, match="want 12864"):
+        sr.parse_region(bytes(blank_region())[:1000])
+
+
+def test_read_region_sees_what_the_shim_counts(tmp_path: Path) -> None:
+    make("build/libtessera.so", "build/t_proc", "build/fake/libcuda.so.1")
+    region_path = tmp_path / "region"
+    ready = tmp_path / "ready"
+    env = dict(
+        os.environ,
+        LD_PRELOAD=str(BUILD / "libtessera.so"),
+        LD_LIBRARY_PATH=str(BUILD / "fake"),
+        FAKE_CUDA_MEM_MIB="16384",
+        TESSERA_SHARED_REGION=str(region_path),
+        TESSERA_DEVICE_MEMORY_LIMIT_0="1024",
+        TESSERA_DEVICE_CORE_LIMIT_0="40",
+    )
+    holder = subprocess.Popen([str(BUILD / "t_proc"), "hold", "300", str(ready)], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert holder.poll() is None, "the holder exited"
+            assert time.monotonic() < deadline, "the holder never got ready"
+            time.sleep(0.02)
+        snap = sr.read_region(region_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert snap.version == sr.REGION_VERSION
+    dev = snap.device(0)
+    assert dev is not None
+    assert dev.limit_bytes == 1024 * MiB
+    assert dev.card_total_bytes == 16384 * MiB
+    assert dev.core_limit_pct == 40
+    assert dev.used_bytes == 300 * MiB
+    [proc] = snap.processes
+    assert proc.pid == holder.pid
+    assert proc.used_bytes[0] == 300 * MiB
+    assert proc.start_time > 0
