@@ -1,0 +1,55 @@
+"""What the reconciler needs to know of the cluster, as plain values.
+
+The Kubernetes adapter (`controlplane.kube`) turns API objects into these; the reconciler never
+sees a `kubernetes` object, and tests can hand it lists directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    uid: str
+    namespace: str
+    name: str
+    node_name: str | None
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    kind: str  # ADDED | MODIFIED | DELETED
+    pod: PodView
+
+
+class WatchExpired(Exception):
+    """The resourceVersion is too old (HTTP 410 Gone): relist, then watch from the new one."""
+
+
+class TemporaryError(Exception):
+    """The API server (or the network to it) is away for now: retry later with backoff."""
+
+
+class ClusterSource(Protocol):
+    def list_pods(self, page_size: int = 500) -> tuple[list[PodView], str]:
+        """Every pod (paginated under the hood) and the list's resourceVersion."""
+
+    def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[PodEvent]:
+        """Pod events after `resource_version` for up to `timeout_s`; raises WatchExpired."""
+
+    def list_node_names(self) -> set[str]:
+        """Names of the cluster's nodes."""
+
+    def last_resource_version(self) -> str:
+        """The resourceVersion of the last event yielded by watch_pods (or the last list)."""

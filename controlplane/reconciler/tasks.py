@@ -1,0 +1,148 @@
+"""Celery tasks of the reconciler. They take no state, re-read the world and call services.
+
+`reconcile` runs once at a time whatever the number of workers (a Redis lock with an expiry, so
+a worker killed mid-run blocks the next one for at most the lock's TTL). It watches pod events
+from the last resourceVersion it saw and falls back to a full relist when it has none, when the
+API server says the version expired (410), or when the last full relist is older than
+TESSERA_FULL_RESYNC_S. Temporary errors (API server or Redis away) are retried with exponential
+backoff and jitter; a run that dies half-way has committed only whole repairs, and the next run
+finds the rest, because every repair is level-based.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from typing import Any, Protocol
+
+import redis
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.reconciler import services, sources
+from controlplane.reconciler.models import ReconcileRun
+from controlplane.reconciler.source import ClusterSource, TemporaryError, WatchExpired
+
+log = logging.getLogger(__name__)
+
+LOCK_KEY = "tessera:reconcile:lock"
+RV_KEY = "tessera:reconcile:pods-rv"
+LAST_FULL_KEY = "tessera:reconcile:last-full"
+MAX_RETRIES = 8
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+    )
+
+
+def backoff_seconds(retries: int, base: float = 1.0, cap: float = 60.0) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**retries)]."""
+    return random.uniform(0, min(cap, base * (2**retries)))
+
+
+@shared_task(bind=True, name="controlplane.reconciler.tasks.reconcile", max_retries=MAX_RETRIES)
+def reconcile(self: Any, full: bool = False) -> dict[str, Any]:
+    """One reconcile pass, or nothing when another worker holds the lock."""
+    try:
+        client = redis_client()
+        lock = client.lock(LOCK_KEY, timeout=settings.TESSERA["RECONCILE_LOCK_TTL_S"])
+        if not lock.acquire(blocking=False):
+            return {"skipped": "another reconcile is running"}
+    except redis.RedisError as exc:
+        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+    try:
+        run = run_reconcile(sources.default_source(), RedisState(client), full=full)
+        return {"run": run.pk, "mode": run.mode, "drift": run.drift}
+    except (TemporaryError, redis.RedisError) as exc:
+        log.warning("reconcile: temporary error, retrying: %s", exc)
+        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+    finally:
+        try:
+            lock.release()
+        except redis.RedisError:
+            # Redis restarted or the lock expired: nothing to release; the TTL covers the rest.
+            pass
+
+
+class StateStore(Protocol):
+    """Where the reconciler keeps its resume point (Redis in production, a dict in-process)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def set(self, key: str, value: str) -> None: ...
+
+
+class RedisState:
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def get(self, key: str) -> str | None:
+        value = self.client.get(key)
+        return value.decode() if isinstance(value, bytes) else value  # type: ignore[return-value]
+
+    def set(self, key: str, value: str) -> None:
+        self.client.set(key, value, ex=86400)
+
+
+class LocalState(dict[str, str]):
+    def set(self, key: str, value: str) -> None:
+        self[key] = value
+
+
+def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> ReconcileRun:
+    """A full relist or a watch pass, then node staleness; records a ReconcileRun.
+
+    Losing `state` (Redis restarted) costs one full relist, nothing else: every repair is
+    level-based and committed on its own.
+    """
+    started = time.monotonic()
+    run = ReconcileRun(started_at=timezone.now(), mode=ReconcileRun.Mode.WATCH)
+    drift: Counter[str] = Counter()
+    verify = sources.default_verifier()
+    rv = state.get(RV_KEY)
+    last_full = float(state.get(LAST_FULL_KEY) or 0)
+    if time.time() - last_full > settings.TESSERA["FULL_RESYNC_S"]:
+        full = True
+    if not full and rv:
+        try:
+            seen: dict[str, Any] = {}
+            deleted: set[str] = set()
+            for event in source.watch_pods(rv, settings.TESSERA["WATCH_TIMEOUT_S"]):
+                if event.kind == "DELETED":
+                    deleted.add(event.pod.uid)
+                    seen.pop(event.pod.uid, None)
+                else:
+                    seen[event.pod.uid] = event.pod
+                    deleted.discard(event.pod.uid)
+            drift += services.reconcile_pods(
+                seen.values(), listed_at=timezone.now(), complete=False, verify=verify,
+                deleted_uids=deleted,
+            )
+            run.pods_seen = len(seen) + len(deleted)
+            state.set(RV_KEY, source.last_resource_version())
+        except WatchExpired:
+            drift["watch_expired"] += 1
+            full = True
+    if full or not rv:
+        run.mode = ReconcileRun.Mode.FULL
+        listed_at = timezone.now()
+        pods, new_rv = source.list_pods(settings.TESSERA["LIST_PAGE_SIZE"])
+        drift += services.reconcile_pods(pods, listed_at=listed_at, complete=True, verify=verify)
+        nodes = source.list_node_names()
+        drift["nodes_deleted"] += services.mark_deleted_nodes(nodes)
+        run.pods_seen, run.nodes_seen = len(pods), len(nodes)
+        state.set(RV_KEY, new_rv)
+        state.set(LAST_FULL_KEY, str(time.time()))
+    drift["nodes_stale"] += services.mark_stale_nodes()
+    run.drift = {k: v for k, v in drift.items() if v}
+    run.finished_at = timezone.now()
+    run.duration_ms = int((time.monotonic() - started) * 1000)
+    run.save()
+    if run.drift:
+        log.info("reconcile (%s): repaired %s", run.mode, run.drift)
+    return run

@@ -1,0 +1,157 @@
+"""Reconciler repairs, called directly: each kind of drift, and a second pass that changes nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.extender import signing
+from controlplane.ledger import services as ledger
+from controlplane.ledger.models import AuditEvent, Node, PodBinding, Slice
+from controlplane.reconciler import services
+from controlplane.reconciler.source import PodView
+from controlplane.reconciler.sources import verify_allocation
+from controlplane.scheduling import parse_pod
+from tests.builders import gpu_container, make_node, pod_json
+
+pytestmark = pytest.mark.django_db
+
+
+def reserve(name: str, node: str = "n1", mem: int = 1000) -> PodBinding:
+    request = parse_pod(pod_json(name, containers=[gpu_container(mem=mem)]))
+    assert request is not None
+    return ledger.reserve_binding(request, node)
+
+
+def view(binding_or_uid, node: str | None = "n1", phase: str = "Running", **annotations):
+    uid = binding_or_uid if isinstance(binding_or_uid, str) else binding_or_uid.pod_uid
+    name = uid.removeprefix("uid-default-")
+    return PodView(uid, "default", name, node, phase, annotations)
+
+
+def run(pods, complete: bool = True, **kw):
+    later = timezone.now() + timedelta(seconds=1)
+    return services.reconcile_pods(
+        pods, listed_at=later, complete=complete, verify=verify_allocation, **kw
+    )
+
+
+def phase(uid: str) -> str:
+    return PodBinding.objects.get(pod_uid=uid).phase
+
+
+def signed(uid: str, name: str, node: str, card: str, mem: int = 2000, cores: int = 10):
+    record = signing.allocation_record(
+        uid, "default", name, node,
+        [signing.ContainerAllocation("c", 0, False, (signing.Device(card, 0, mem, cores),))],
+    )
+    return signing.annotations(record)
+
+
+@pytest.fixture(autouse=True)
+def _node(db: None) -> None:
+    make_node("n1", cards=2, memory_mib=10000)
+
+
+def test_deleted_and_finished_pods_release_their_slices_and_a_rerun_changes_nothing() -> None:
+    gone, done, failed, alive = (reserve(n) for n in ("gone", "done", "failed", "alive"))
+    for b in (done, failed, alive):
+        ledger.confirm_binding(b.pod_uid)
+    pods = [view(done, phase="Succeeded"), view(failed, phase="Failed"), view(alive)]
+    drift = run(pods)
+    assert drift == {"released_deleted": 1, "released_finished": 2}
+    assert [phase(b.pod_uid) for b in (gone, done, failed, alive)] == [
+        "released", "released", "released", "bound"]
+    assert Slice.objects.filter(active=True).count() == 1
+    assert AuditEvent.objects.filter(actor="reconciler", action="release").count() == 3
+    assert run(pods) == {}
+
+
+def test_a_partial_event_list_never_releases_pods_it_does_not_name() -> None:
+    keep, drop = reserve("keep"), reserve("drop")
+    drift = run([], complete=False, deleted_uids=[drop.pod_uid])
+    assert drift == {"released_deleted": 1}
+    assert phase(keep.pod_uid) == "reserved" and phase(drop.pod_uid) == "released"
+
+
+def test_bindings_newer_than_the_list_are_left_alone() -> None:
+    listed_at = timezone.now()
+    fresh = reserve("fresh")
+    drift = services.reconcile_pods(
+        [], listed_at=listed_at, complete=True, verify=verify_allocation
+    )
+    assert drift == {}
+    assert phase(fresh.pod_uid) == "reserved"
+
+
+def test_expired_reservation_is_released_or_confirmed_by_what_the_api_server_says() -> None:
+    never, landed, waiting = reserve("never"), reserve("landed"), reserve("waiting")
+    PodBinding.objects.filter(pod_uid__in=[never.pod_uid, landed.pod_uid]).update(
+        deadline=timezone.now() - timedelta(seconds=1)
+    )
+    pods = [view(never, node=None, phase="Pending"), view(landed), view(waiting, node=None)]
+    drift = run(pods)
+    assert drift == {"released_expired_reservation": 1, "confirmed_reservation": 1}
+    assert phase(never.pod_uid) == "failed"  # its bind never reached the API server
+    assert phase(landed.pod_uid) == "bound"  # the Binding landed; its process died after
+    assert phase(waiting.pod_uid) == "reserved"  # still within its deadline
+
+
+def test_pod_bound_to_another_node_releases_the_stale_reservation() -> None:
+    make_node("n2", cards=1)
+    b = reserve("moved")
+    drift = run([view(b, node="n2")])
+    assert drift == {"released_wrong_node": 1}
+    assert phase(b.pod_uid) == "failed"
+
+
+def test_a_bound_pod_missing_from_the_ledger_is_adopted() -> None:
+    annotations = signed("uid-default-lost", "lost", "n1", "GPU-n1-1", mem=2500, cores=30)
+    drift = run([view("uid-default-lost", **annotations)])
+    assert drift == {"adopted": 1}
+    binding = PodBinding.objects.get(pod_uid="uid-default-lost")
+    assert binding.phase == "bound" and binding.node.name == "n1"
+    assert list(binding.slices.values_list("card__uuid", "memory_mib", "compute_percent")) == [
+        ("GPU-n1-1", 2500, 30)]
+    assert run([view("uid-default-lost", **annotations)]) == {}
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["unsigned", "bad-signature", "altered-memory", "other-pod", "other-node", "garbage"],
+)
+def test_forged_or_invalid_allocations_are_flagged_never_adopted(tamper: str) -> None:
+    annotations = dict(signed("uid-default-x", "x", "n1", "GPU-n1-0"))
+    node = "n1"
+    if tamper == "unsigned":
+        del annotations[signing.SIGNATURE_ANNOTATION]
+    elif tamper == "bad-signature":
+        annotations[signing.SIGNATURE_ANNOTATION] = "v1:AAAA"
+    elif tamper == "altered-memory":
+        annotations[signing.ANNOTATION] = annotations[signing.ANNOTATION].replace("2000", "9000")
+    elif tamper == "other-pod":
+        annotations = dict(signed("uid-default-y", "y", "n1", "GPU-n1-0"))
+    elif tamper == "other-node":
+        node = "n9"
+    elif tamper == "garbage":
+        annotations = {signing.ANNOTATION: "{not json", signing.SIGNATURE_ANNOTATION: ""}
+        annotations[signing.SIGNATURE_ANNOTATION] = signing.sign(annotations[signing.ANNOTATION])
+    drift = run([view("uid-default-x", node=node, **annotations)])
+    assert drift == {"flagged_invalid_allocation": 1}, drift
+    assert not PodBinding.objects.exists()
+    event = AuditEvent.objects.get(action="invalid-allocation")
+    assert event.details["uid"] == "uid-default-x" and event.details["reason"]
+
+
+def test_stale_and_deleted_nodes_are_marked_not_ready() -> None:
+    make_node("n2", cards=1)
+    Node.objects.filter(name="n1").update(last_heartbeat=timezone.now() - timedelta(hours=1))
+    assert services.mark_stale_nodes() == 1
+    assert services.mark_stale_nodes() == 0
+    assert not Node.objects.get(name="n1").ready
+    assert services.mark_deleted_nodes({"n1"}) == 1
+    assert not Node.objects.get(name="n2").ready
+    make_node("n1", cards=2, memory_mib=10000)  # its next report brings it back
+    assert Node.objects.get(name="n1").ready
