@@ -352,3 +352,26 @@ def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBi
     binding.save(update_fields=["phase", "reason", "released_at", "deadline", "updated_at"])
     binding.slices.filter(active=True).update(active=False)
     return binding
+
+
+@transaction.atomic
+def release_bindings(pod_uids: Sequence[str], reason: str, *, failed: bool = False) -> list[str]:
+    """`release_binding` for many pods at once (the reconciler's bulk path): returns the UIDs it
+    actually released; unknown or already inactive ones are skipped, as one by one."""
+    active = list(
+        PodBinding.objects.select_for_update()
+        .filter(pod_uid__in=list(pod_uids), phase__in=PodBinding.ACTIVE_PHASES)
+        .values_list("pk", "pod_uid")
+    )
+    if not active:
+        return []
+    ids = [pk for pk, _ in active]
+    PodBinding.objects.filter(pk__in=ids).update(
+        phase=PodBinding.Phase.FAILED if failed else PodBinding.Phase.RELEASED,
+        reason=reason[:2000],
+        released_at=timezone.now(),
+        deadline=None,
+        updated_at=timezone.now(),
+    )
+    Slice.objects.filter(binding_id__in=ids, active=True).update(active=False)
+    return [uid for _, uid in active]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -53,3 +53,18 @@ class ClusterSource(Protocol):
 
     def last_resource_version(self) -> str:
         """The resourceVersion of the last event yielded by watch_pods (or the last list)."""
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView:
+    """A v1.Pod as the API server serves it (JSON) -> the few fields the reconciler reads."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return PodView(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node_name=spec.get("nodeName") or None,
+        phase=str(status.get("phase") or "Pending"),
+        annotations=dict(meta.get("annotations") or {}),
+    )

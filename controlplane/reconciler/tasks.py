@@ -11,6 +11,7 @@ finds the rest, because every repair is level-based.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -62,11 +63,9 @@ def reconcile(self: Any, full: bool = False) -> dict[str, Any]:
         log.warning("reconcile: temporary error, retrying: %s", exc)
         raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
     finally:
-        try:
+        # Redis restarted or the lock expired: nothing to release; the TTL covers the rest.
+        with contextlib.suppress(redis.RedisError):
             lock.release()
-        except redis.RedisError:
-            # Redis restarted or the lock expired: nothing to release; the TTL covers the rest.
-            pass
 
 
 class StateStore(Protocol):
@@ -120,7 +119,10 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
                     seen[event.pod.uid] = event.pod
                     deleted.discard(event.pod.uid)
             drift += services.reconcile_pods(
-                seen.values(), listed_at=timezone.now(), complete=False, verify=verify,
+                seen.values(),
+                listed_at=timezone.now(),
+                complete=False,
+                verify=verify,
                 deleted_uids=deleted,
             )
             run.pods_seen = len(seen) + len(deleted)

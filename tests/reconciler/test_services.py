@@ -1,4 +1,4 @@
-"""Reconciler repairs, called directly: each kind of drift, and a second pass that changes nothing."""
+"""Reconciler repairs called directly: each kind of drift; a second pass changes nothing."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ def phase(uid: str) -> str:
 
 def signed(uid: str, name: str, node: str, card: str, mem: int = 2000, cores: int = 10):
     record = signing.allocation_record(
-        uid, "default", name, node,
+        uid,
+        "default",
+        name,
+        node,
         [signing.ContainerAllocation("c", 0, False, (signing.Device(card, 0, mem, cores),))],
     )
     return signing.annotations(record)
@@ -63,7 +66,11 @@ def test_deleted_and_finished_pods_release_their_slices_and_a_rerun_changes_noth
     drift = run(pods)
     assert drift == {"released_deleted": 1, "released_finished": 2}
     assert [phase(b.pod_uid) for b in (gone, done, failed, alive)] == [
-        "released", "released", "released", "bound"]
+        "released",
+        "released",
+        "released",
+        "bound",
+    ]
     assert Slice.objects.filter(active=True).count() == 1
     assert AuditEvent.objects.filter(actor="reconciler", action="release").count() == 3
     assert run(pods) == {}
@@ -114,7 +121,8 @@ def test_a_bound_pod_missing_from_the_ledger_is_adopted() -> None:
     binding = PodBinding.objects.get(pod_uid="uid-default-lost")
     assert binding.phase == "bound" and binding.node.name == "n1"
     assert list(binding.slices.values_list("card__uuid", "memory_mib", "compute_percent")) == [
-        ("GPU-n1-1", 2500, 30)]
+        ("GPU-n1-1", 2500, 30)
+    ]
     assert run([view("uid-default-lost", **annotations)]) == {}
 
 

@@ -4,28 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ReconcileRun',
+            name="ReconcileRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('started_at', models.DateTimeField(db_index=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('duration_ms', models.PositiveIntegerField(blank=True, null=True)),
-                ('mode', models.CharField(choices=[('full', 'full relist'), ('watch', 'watch events')], max_length=8)),
-                ('pods_seen', models.PositiveIntegerField(default=0)),
-                ('nodes_seen', models.PositiveIntegerField(default=0)),
-                ('drift', models.JSONField(default=dict, help_text='Kind of drift -> number repaired/flagged.')),
-                ('error', models.TextField(blank=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("started_at", models.DateTimeField(db_index=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("duration_ms", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[("full", "full relist"), ("watch", "watch events")], max_length=8
+                    ),
+                ),
+                ("pods_seen", models.PositiveIntegerField(default=0)),
+                ("nodes_seen", models.PositiveIntegerField(default=0)),
+                (
+                    "drift",
+                    models.JSONField(
+                        default=dict, help_text="Kind of drift -> number repaired/flagged."
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
             ],
             options={
-                'ordering': ['-started_at'],
+                "ordering": ["-started_at"],
             },
         ),
     ]
