@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { echo "error: cannot create a virtualenv (Debian: apt-get install python3-venv)" >&2; exit 1; }
 	$(VENV)/bin/pip install --quiet --upgrade "pip>=25.1"
 	$(VENV)/bin/pip install --quiet -e . --group dev
+	$(VENV)/bin/python -m nodeplugin.build
 	@touch $@
 
 venv: $(STAMP)
@@ -47,7 +48,7 @@ beat: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy controlplane/scheduling
+	$(VENV)/bin/mypy controlplane/scheduling nodeplugin
 	$(VENV)/bin/lint-imports
 
 check-shim: venv
@@ -72,6 +73,8 @@ services-down:
 
 bench: venv
 	$(PY) bench/bench_core.py
+	$(PY) bench/bench_reconcile.py
+	$(PY) bench/bench_nodeplugin.py
 	$(MAKE) -C shim bench
 
 clean:

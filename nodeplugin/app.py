@@ -1,0 +1,315 @@
+"""The node plugin process: discover, serve, confirm, register, watch, report, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import grpc.aio
+from prometheus_client import CollectorRegistry, start_http_server
+
+from nodeplugin import __version__, edits, ids
+from nodeplugin import cards as cardmod
+from nodeplugin.cards import Card, Health
+from nodeplugin.config import Settings
+from nodeplugin.controlplane import ControlPlane, ControlPlaneError
+from nodeplugin.http import HttpUnavailable
+from nodeplugin.kubeapi import KubeApi
+from nodeplugin.nvml import HealthMonitor, Nvml
+from nodeplugin.pb import dp
+from nodeplugin.podresources import PodResources, PodResourcesError
+from nodeplugin.registry import Registry
+from nodeplugin.rpc import (
+    API_VERSION,
+    DevicePluginClient,
+    RegistrationClient,
+    device_plugin_handler,
+    unix_target,
+)
+from nodeplugin.servicer import Servicer
+from nodeplugin.sources import AllocationSource, AnnotationSource, ControlPlaneSource
+from nodeplugin.store import NameStore
+from nodeplugin.usage import UsageCollector
+from nodeplugin.writer import Writer
+
+log = logging.getLogger("nodeplugin")
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
+class Plugin:
+    def __init__(self, settings: Settings, nvml: Nvml | None = None) -> None:
+        self.s = settings
+        self.nvml = nvml or Nvml()
+        self.cards: list[Card] = self.nvml.discover()
+        self.stopping = asyncio.Event()
+        self.registry = Registry(self.cards, settings.slots)
+        self.cp = ControlPlane(
+            settings.controlplane_url,
+            settings.token_file,
+            settings.ca_file,
+            settings.http_timeout_s,
+        )
+        self.podres = PodResources(settings.pod_resources_socket, settings.resource_name)
+        source: AllocationSource
+        if settings.allocation_source == "annotation":
+            kube = KubeApi(
+                settings.kube_api_url,
+                settings.kube_token_file,
+                settings.kube_ca_file,
+                settings.http_timeout_s,
+            )
+            source = AnnotationSource(kube, settings.allocation_key, settings.node_name)
+        else:
+            source = ControlPlaneSource(self.cp, settings.node_name)
+        layout = edits.Layout(
+            dev_root=settings.dev_root,
+            region_dir=settings.region_dir,
+            region_container_dir=settings.region_container_dir,
+            state_dir=settings.state_dir,
+            config_container_dir=settings.config_container_dir,
+            shim_library=settings.shim_library,
+            shim_container_path=settings.shim_container_path,
+            preload=settings.preload,
+            container_log_level=settings.container_log_level,
+        )
+        control = [c for c in edits.CONTROL_DEVICES if (settings.dev_root / c).exists()]
+        self.writer = Writer(
+            settings.device_mode, settings.cdi_dir, settings.cdi_kind, layout, control
+        )
+        self.writer.prepare()
+        self.names = NameStore(settings.state_dir)
+        self.servicer = Servicer(
+            settings,
+            self.registry,
+            self.names,
+            self.writer,
+            self.podres,
+            source,
+            self.cp,
+            self.stopping,
+        )
+        self.server: grpc.aio.Server | None = None
+        self.monitor: HealthMonitor | None = None
+        self._report_now = asyncio.Event()
+        self.registrations = 0
+
+    # -- gRPC server -----------------------------------------------------------------------
+
+    async def start_server(self) -> None:
+        path = self.s.plugin_socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((device_plugin_handler(self.servicer),))
+        server.add_insecure_port(unix_target(str(path)))
+        await server.start()
+        self.server = server
+        await self._confirm_serving()
+        log.info("serving the device plugin API on %s", path)
+
+    async def _confirm_serving(self) -> None:
+        """Dial our own socket and call GetDevicePluginOptions, as the kubelet will."""
+        async with grpc.aio.insecure_channel(unix_target(str(self.s.plugin_socket_path))) as ch:
+            opts = await DevicePluginClient(ch).GetDevicePluginOptions(dp.Empty(), timeout=5)
+            if not opts.pre_start_required:
+                raise RuntimeError("self-check: the served options are wrong")
+
+    async def stop_server(self, grace: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.s.plugin_socket_path.unlink()
+
+    async def register(self) -> None:
+        async with grpc.aio.insecure_channel(unix_target(str(self.s.kubelet_socket_path))) as ch:
+            await RegistrationClient(ch).Register(
+                dp.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.s.plugin_socket,
+                    resource_name=self.s.resource_name,
+                    options=dp.DevicePluginOptions(
+                        pre_start_required=True, get_preferred_allocation_available=True
+                    ),
+                ),
+                timeout=15,
+            )
+        self.registrations += 1
+        log.info(
+            "registered %s with the kubelet (%d card(s) x %d slots)",
+            self.s.resource_name,
+            len(self.cards),
+            self.s.slots,
+        )
+
+    async def watch_kubelet(self) -> None:
+        """Register whenever kubelet.sock is (re-)created; restart our server if the kubelet
+        removed our socket on its restart."""
+        registered_for: tuple[int, int] | None = None
+        delay = self.s.kubelet_poll_s
+        while not self.stopping.is_set():
+            kubelet = _stamp(self.s.kubelet_socket_path)
+            if self.server is None or _stamp(self.s.plugin_socket_path) is None:
+                log.warning("our socket %s is gone; serving again", self.s.plugin_socket_path)
+                await self.stop_server(0)
+                await self.start_server()
+                registered_for = None
+            if kubelet is not None and kubelet != registered_for:
+                try:
+                    await self.register()
+                    registered_for = kubelet
+                    delay = self.s.kubelet_poll_s
+                except grpc.aio.AioRpcError as exc:
+                    log.warning(
+                        "registration failed (%s: %s); retrying", exc.code().name, exc.details()
+                    )
+                    delay = min(max(delay * 2, 0.1), 5.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+
+    # -- health and inventory --------------------------------------------------------------
+
+    def _on_health(self, uuid: str, health: Health) -> None:
+        if self.registry.set_health(uuid, health):
+            self._report_now.set()
+
+    def start_monitor(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.s.health_checks:
+            return
+
+        def report(uuid: str, health: Health) -> None:
+            loop.call_soon_threadsafe(self._on_health, uuid, health)
+
+        self.monitor = HealthMonitor(
+            self.nvml,
+            self.cards,
+            report,
+            probe_s=self.s.health_probe_s,
+            recovery_s=self.s.health_recovery_s,
+            ignored_xids=self.s.ignored_xids,
+        )
+        self.monitor.start()
+
+    async def report_loop(self) -> None:
+        delay = 0.0
+        failures = 0
+        while not self.stopping.is_set():
+            self._report_now.clear()
+            report = cardmod.inventory_report(__version__, self.cards, dict(self.registry.health))
+            try:
+                await self.cp.put_inventory(self.s.node_name, report)
+                await self.servicer.retry_pending_posts()
+                if failures:
+                    log.warning("inventory report accepted again after %d failure(s)", failures)
+                failures = 0
+                delay = self.s.heartbeat_s
+            except (HttpUnavailable, ControlPlaneError) as exc:
+                failures += 1
+                delay = min(self.s.heartbeat_s, 0.5 * 2 ** min(failures, 6))
+                log.error("inventory report failed (%s); next try in %.1fs", exc, delay)
+            stop = asyncio.ensure_future(self.stopping.wait())
+            now = asyncio.ensure_future(self._report_now.wait())
+            await asyncio.wait({stop, now}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            now.cancel()
+
+    async def gc_loop(self) -> None:
+        """Drop names, specs and artifacts whose device IDs no container holds any more."""
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.s.gc_interval_s)
+            if self.stopping.is_set():
+                return
+            try:
+                listed = await self.podres.list(time.monotonic() + 5)
+            except PodResourcesError as exc:
+                log.warning("gc skipped: %s", exc)
+                continue
+            held: set[str] = set()
+            for c in listed:
+                held |= c.device_ids
+            cutoff = time.time() - self.s.gc_interval_s
+            for digest in self.names.digests():
+                record_ids = self.names.ids(digest)
+                try:
+                    issued = self.names.names(digest)
+                except Exception:
+                    issued = []
+                if set(record_ids) & held or any(n.issued_unix > cutoff for n in issued):
+                    continue
+                for n in issued:
+                    self.writer.remove(n.name)
+                self.names.remove(digest)
+                log.info("gc: released %s", ",".join(record_ids))
+
+    def start_metrics(self) -> None:
+        if not self.s.metrics_port:
+            return
+        registry = CollectorRegistry()
+        registry.register(
+            UsageCollector(
+                self.s.state_dir,
+                self.s.region_dir,
+                lambda: [(c, self.registry.health[c.uuid]) for c in self.cards],
+            )
+        )
+        start_http_server(self.s.metrics_port, registry=registry)
+        log.info("metrics on :%d/metrics", self.s.metrics_port)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        log.info(
+            "tessera node plugin %s on node %s: %d card(s) %s",
+            __version__,
+            self.s.node_name,
+            len(self.cards),
+            ", ".join(f"{c.index}:{c.uuid}" for c in self.cards),
+        )
+        for card in self.cards:
+            ids.make_id(card.uuid, self.s.slots - 1)  # fail at start on an over-long ID
+        self.start_monitor(loop)
+        self.start_metrics()
+        await self.start_server()
+        tasks = [
+            asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
+            asyncio.create_task(self.report_loop(), name="report"),
+            asyncio.create_task(self.gc_loop(), name="gc"),
+        ]
+        await self.stopping.wait()
+        log.info("stopping")
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.stop_server(2.0)
+        await self.podres.close()
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor.join(timeout=2)
+        self.nvml.shutdown()
+        log.info("stopped")
+
+
+def configure_logging() -> None:
+    level = os.environ.get("TESSERA_LOG_LEVEL", "info").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

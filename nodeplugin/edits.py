@@ -1,0 +1,243 @@
+"""What a container gets: limit environment, CDI spec, host-path artifacts (pure builders).
+
+One :class:`ContainerPlan` is computed per resolved container; the CDI and the host-path modes
+render the same plan, so both give the same cards and limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeplugin.allocation import ContainerAllocation
+from nodeplugin.cards import Card
+
+CDI_VERSION = "0.5.0"
+REGION_FILE = "region"
+CONFIG_FILE = "config"
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+@dataclass(frozen=True)
+class PlanDevice:
+    card: Card
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """One container's slice, devices in container ordinal order."""
+
+    name: str  # the per-Allocate name (CDI device name and host-path key)
+    devices: tuple[PlanDevice, ...]
+    namespace: str = ""
+    pod: str = ""
+    pod_uid: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Host and container paths the renderers need (from Settings)."""
+
+    dev_root: Path
+    region_dir: Path
+    region_container_dir: str
+    state_dir: Path
+    config_container_dir: str
+    shim_library: Path
+    shim_container_path: str
+    preload: bool
+    container_log_level: str = ""
+
+    @property
+    def preload_file(self) -> Path:
+        return self.state_dir / "ld.so.preload"
+
+    def region_host_dir(self, name: str) -> Path:
+        return self.region_dir / name
+
+    def paths_dir(self, name: str) -> Path:
+        return self.state_dir / "paths" / name
+
+
+class PlanError(ValueError):
+    """The allocation names a card this node does not have, or more cards than allowed."""
+
+
+def make_plan(
+    name: str,
+    container: ContainerAllocation,
+    cards: Mapping[str, Card],
+    *,
+    namespace: str = "",
+    pod: str = "",
+    pod_uid: str = "",
+) -> ContainerPlan:
+    devices: list[PlanDevice] = []
+    for d in container.devices:
+        card = cards.get(d.uuid)
+        if card is None:
+            raise PlanError(
+                f"container {container.name!r} is allocated card {d.uuid}, which this node "
+                "does not have"
+            )
+        devices.append(PlanDevice(card, d.memory_mib, d.cores))
+    return ContainerPlan(name, tuple(devices), namespace, pod, pod_uid, container.name)
+
+
+def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
+    """``TESSERA_DEVICE_{MEMORY,CORE}_LIMIT_<i>`` with ``i`` the ordinal inside the container."""
+    env: dict[str, str] = {}
+    for i, d in enumerate(devices):
+        env[f"TESSERA_DEVICE_MEMORY_LIMIT_{i}"] = str(d.memory_mib)
+        env[f"TESSERA_DEVICE_CORE_LIMIT_{i}"] = str(d.cores)
+    return env
+
+
+def visible_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
+    """Card UUIDs in ordinal order: CUDA numbers devices in this order, and the NVIDIA runtime
+    hook (where it is in play) injects exactly these cards instead of an image's ``all``."""
+    uuids = ",".join(d.card.uuid for d in devices)
+    return {"NVIDIA_VISIBLE_DEVICES": uuids, "CUDA_VISIBLE_DEVICES": uuids}
+
+
+def container_env(plan: ContainerPlan, layout: Layout) -> dict[str, str]:
+    env = {
+        **visible_env(plan.devices),
+        **limit_env(plan.devices),
+        "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
+        "TESSERA_ALLOCATION": plan.name,
+    }
+    if layout.container_log_level:
+        env["TESSERA_LOG_LEVEL"] = layout.container_log_level
+    return env
+
+
+def _shim_mounts(layout: Layout) -> list[dict[str, object]]:
+    mounts: list[dict[str, object]] = [
+        {
+            "hostPath": str(layout.shim_library),
+            "containerPath": layout.shim_container_path,
+            "type": "bind",
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        }
+    ]
+    if layout.preload:
+        mounts.append(
+            {
+                "hostPath": str(layout.preload_file),
+                "containerPath": "/etc/ld.so.preload",
+                "type": "bind",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            }
+        )
+    return mounts
+
+
+def cdi_spec(
+    kind: str, plan: ContainerPlan, layout: Layout, control_devices: Sequence[str]
+) -> dict[str, object]:
+    """A CDI spec with one device, ``<kind>=<plan.name>``, giving exactly the plan's cards."""
+    nodes: list[dict[str, object]] = [
+        {
+            "path": f"/dev/nvidia{d.card.minor}",
+            "hostPath": str(layout.dev_root / f"nvidia{d.card.minor}"),
+            "permissions": "rw",
+        }
+        for d in plan.devices
+    ]
+    nodes += [
+        {"path": f"/dev/{c}", "hostPath": str(layout.dev_root / c), "permissions": "rw"}
+        for c in control_devices
+    ]
+    env = container_env(plan, layout)
+    mounts = [
+        *_shim_mounts(layout),
+        {
+            "hostPath": str(layout.region_host_dir(plan.name)),
+            "containerPath": layout.region_container_dir,
+            "type": "bind",
+            "options": ["rw", "nosuid", "nodev", "bind"],
+        },
+    ]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": [
+            {
+                "name": plan.name,
+                "containerEdits": {
+                    "env": [f"{k}={v}" for k, v in sorted(env.items())],
+                    "deviceNodes": nodes,
+                    "mounts": mounts,
+                },
+            }
+        ],
+    }
+
+
+def cdi_file_name(kind: str, name: str) -> str:
+    return f"{kind.replace('/', '_')}-{name}.json"
+
+
+# --- host-path mode (runtimes without CDI) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathsResponse:
+    """What Allocate returns in host-path mode (before the pod is known)."""
+
+    envs: dict[str, str]
+    mounts: list[tuple[str, str, bool]]  # container path, host path, read-only
+    devices: list[tuple[str, str, str]]  # container path, host path, permissions
+
+
+def paths_order(cards: Sequence[Card]) -> list[Card]:
+    """In host-path mode the ordinals are fixed at Allocate, before the pod is known: by index."""
+    return sorted(cards, key=lambda c: c.index)
+
+
+def paths_allocate(
+    name: str, cards: Sequence[Card], layout: Layout, control_devices: Sequence[str]
+) -> PathsResponse:
+    """Allocate's answer: every card-specific or limit-carrying path is under the per-Allocate
+    directory that only PreStartContainer creates, after it has verified the pod's record. If it
+    refuses, those paths do not exist and the runtime fails to create the container."""
+    ordered = paths_order(cards)
+    base = layout.paths_dir(name)
+    devices = [
+        (f"/dev/nvidia{c.minor}", str(base / "dev" / f"nvidia{c.minor}"), "rw") for c in ordered
+    ]
+    devices += [(f"/dev/{c}", str(layout.dev_root / c), "rw") for c in control_devices]
+    mounts = [
+        (layout.config_container_dir, str(base / "config"), True),
+        (layout.region_container_dir, str(layout.region_host_dir(name)), False),
+        (layout.shim_container_path, str(layout.shim_library), True),
+    ]
+    if layout.preload:
+        mounts.append(("/etc/ld.so.preload", str(layout.preload_file), True))
+    uuids = ",".join(c.uuid for c in ordered)
+    envs = {
+        "TESSERA_CONFIG": f"{layout.config_container_dir}/{CONFIG_FILE}",
+        "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
+        "NVIDIA_VISIBLE_DEVICES": uuids,
+        "CUDA_VISIBLE_DEVICES": uuids,
+        "TESSERA_ALLOCATION": name,
+    }
+    return PathsResponse(envs, mounts, devices)
+
+
+def paths_config(plan: ContainerPlan, layout: Layout) -> str:
+    """The ``TESSERA_CONFIG`` file for host-path mode: limits in the index order Allocate fixed."""
+    by_uuid = {d.card.uuid: d for d in plan.devices}
+    ordered = [by_uuid[c.uuid] for c in paths_order([d.card for d in plan.devices])]
+    env = limit_env(ordered)
+    env["TESSERA_SHARED_REGION"] = f"{layout.region_container_dir}/{REGION_FILE}"
+    if layout.container_log_level:
+        env["TESSERA_LOG_LEVEL"] = layout.container_log_level
+    lines = [f"# Tessera allocation {plan.name} for {plan.namespace}/{plan.pod} {plan.container}"]
+    lines += [f"{k}={v}" for k, v in sorted(env.items())]
+    return "\n".join(lines) + "\n"

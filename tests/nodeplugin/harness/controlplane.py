@@ -1,0 +1,264 @@
+"""A fake control plane on loopback that follows docs/allocation.md and DESIGN §7 exactly.
+
+Endpoints (all need ``Authorization: Bearer <token>`` of a node identity):
+
+- ``PUT /api/v1/nodes/<name>/inventory``: the body must have exactly the keys of DESIGN §7;
+  201 on the first report of a node, then 200; 403 for another node's token.
+- ``GET /api/v1/allocations/<namespace>/<name>``: the record; 404 without one; 403 when the
+  record is on another node than the token's.
+- ``POST /api/v1/allocations/<pod_uid>/containers/<container>/allocated`` with
+  ``{"devices": [...]}``: 200, or 409 when the devices differ from the record's.
+
+It also answers ``GET /api/v1/namespaces/<ns>/pods/<name>`` like the API server (for the
+signed-annotation mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from nodeplugin import allocation as alloc_mod
+
+INVENTORY_KEYS = {"plugin_version", "cards"}
+CARD_KEYS = {"uuid", "index", "model", "memory_mib", "numa_node", "healthy", "health_reason"}
+
+
+def record(
+    pod_uid: str,
+    namespace: str,
+    name: str,
+    node: str,
+    containers: list[tuple[str, int, bool, list[tuple[str, int, int]]]],
+) -> str:
+    """The compact, key-sorted JSON the extender writes (docs/allocation.md)."""
+    body = {
+        "v": 1,
+        "pod_uid": pod_uid,
+        "namespace": namespace,
+        "name": name,
+        "node": node,
+        "containers": [
+            {
+                "name": cname,
+                "index": index,
+                "init": init,
+                "devices": [{"uuid": u, "memory_mib": m, "cores": c} for u, m, c in devices],
+            }
+            for cname, index, init, devices in containers
+        ],
+    }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass
+class FakePodObject:
+    uid: str
+    node_name: str
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+class FakeControlPlane:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.tokens: dict[str, str] = {}
+        self.allocations: dict[tuple[str, str], str] = {}
+        self.pods: dict[tuple[str, str], FakePodObject] = {}
+        self.reports: list[tuple[float, str, dict[str, Any]]] = []
+        self.allocated: list[tuple[str, str, list[str]]] = []
+        self.requests: list[tuple[str, str, int]] = []
+        self.status_override: int | None = None  # e.g. 503: the control plane is "down"
+        self.lock = threading.Lock()
+        self.connections: set[socket.socket] = set()
+        self.host = host
+        self._port = port
+        self.server: ThreadingHTTPServer | None = None
+        self.thread: threading.Thread | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._port}"
+
+    def start(self) -> None:
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                # like production servers: no Nagle delay between the headers and the body
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with plane.lock:
+                    plane.connections.add(self.connection)
+
+            def finish(self) -> None:
+                with plane.lock:
+                    plane.connections.discard(self.connection)
+                super().finish()
+
+            def _send(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                with plane.lock:
+                    plane.requests.append((self.command, self.path, status))
+
+            def _node(self) -> str | None:
+                auth = self.headers.get("Authorization", "")
+                if not auth.startswith("Bearer "):
+                    return None
+                return plane.tokens.get(auth[len("Bearer ") :])
+
+            def _body(self) -> Any:
+                n = int(self.headers.get("Content-Length", "0"))
+                return json.loads(self.rfile.read(n)) if n else None
+
+            def _handle(self) -> None:
+                body = self._body() if self.command in ("PUT", "POST") else None
+                if plane.status_override is not None:
+                    self._send(plane.status_override, {"error": "control plane unavailable"})
+                    return
+                node = self._node()
+                if node is None:
+                    self._send(401, {"error": "authentication required"})
+                    return
+                parts = [urllib.parse.unquote(p) for p in self.path.split("/") if p]
+                self.route(parts, node, body)
+
+            def route(self, parts: list[str], node: str, body: Any) -> None:
+                cmd = self.command
+                if (
+                    cmd == "PUT"
+                    and len(parts) == 5
+                    and parts[:3] == ["api", "v1", "nodes"]
+                    and parts[4] == "inventory"
+                ):
+                    name = parts[3]
+                    if name != node:
+                        self._send(403, {"error": f"token of {node} cannot report {name}"})
+                        return
+                    if (
+                        not isinstance(body, dict)
+                        or set(body) != INVENTORY_KEYS
+                        or any(set(c) != CARD_KEYS for c in body["cards"])
+                    ):
+                        self._send(400, {"error": f"not the DESIGN §7 shape: {body!r}"})
+                        return
+                    with plane.lock:
+                        first = not any(r[1] == name for r in plane.reports)
+                        plane.reports.append((time.monotonic(), name, body))
+                    self._send(201 if first else 200, {"node": name})
+                    return
+                if cmd == "GET" and len(parts) == 5 and parts[:3] == ["api", "v1", "allocations"]:
+                    raw = plane.allocations.get((parts[3], parts[4]))
+                    if raw is None:
+                        self._send(404, {"error": "no active binding"})
+                        return
+                    data = json.loads(raw)
+                    if data.get("node") != node:
+                        self._send(403, {"error": "allocation on another node"})
+                        return
+                    self._send(200, data)
+                    return
+                if (
+                    cmd == "POST"
+                    and len(parts) == 7
+                    and parts[:3] == ["api", "v1", "allocations"]
+                    and parts[4] == "containers"
+                    and parts[6] == "allocated"
+                ):
+                    uid, container = parts[3], parts[5]
+                    for raw in plane.allocations.values():
+                        data = json.loads(raw)
+                        if data["pod_uid"] != uid:
+                            continue
+                        for c in data["containers"]:
+                            if c["name"] == container:
+                                want = [d["uuid"] for d in c["devices"]]
+                                if not isinstance(body, dict) or body.get("devices") != want:
+                                    self._send(409, {"error": f"ledger has {want}"})
+                                    return
+                                with plane.lock:
+                                    plane.allocated.append((uid, container, want))
+                                self._send(200, {"phase": "allocated"})
+                                return
+                    self._send(404, {"error": "no such binding or container"})
+                    return
+                if (
+                    cmd == "GET"
+                    and len(parts) == 6
+                    and parts[:3] == ["api", "v1", "namespaces"]
+                    and parts[4] == "pods"
+                ):
+                    pod = plane.pods.get((parts[3], parts[5]))
+                    if pod is None:
+                        self._send(404, {"kind": "Status", "reason": "NotFound"})
+                        return
+                    self._send(
+                        200,
+                        {
+                            "kind": "Pod",
+                            "metadata": {
+                                "name": parts[5],
+                                "namespace": parts[3],
+                                "uid": pod.uid,
+                                "annotations": pod.annotations,
+                            },
+                            "spec": {"nodeName": pod.node_name},
+                        },
+                    )
+                    return
+                self._send(404, {"error": f"no route {cmd} {self.path}"})
+
+            do_GET = _handle
+            do_PUT = _handle
+            do_POST = _handle
+
+        self.server = ThreadingHTTPServer((self.host, self._port), Handler)
+        self.server.daemon_threads = True
+        self._port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Really down: the port refuses connections until :meth:`start`."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+            with self.lock:
+                for conn in list(self.connections):  # keep-alive connections die too
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
+
+    # -- builders ---------------------------------------------------------------------------
+
+    def add_token(self, token: str, node: str) -> None:
+        self.tokens[token] = node
+
+    def bind(self, raw_record: str, *, key: bytes | None = None, annotations: bool = True) -> None:
+        """What the extender's bind leaves behind: the ledger record and the pod annotations."""
+        data = json.loads(raw_record)
+        self.allocations[(data["namespace"], data["name"])] = raw_record
+        ann = {}
+        if annotations:
+            ann[alloc_mod.ANNOTATION] = raw_record
+            if key is not None:
+                ann[alloc_mod.SIGNATURE_ANNOTATION] = alloc_mod.sign(raw_record, key)
+        self.pods[(data["namespace"], data["name"])] = FakePodObject(
+            data["pod_uid"], data["node"], ann
+        )

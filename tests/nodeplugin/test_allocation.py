@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from nodeplugin import allocation as al
+
+KEY = b"0123456789abcdef0123"
+
+
+def rec(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "v": 1,
+        "pod_uid": "uid-1",
+        "namespace": "ns",
+        "name": "p",
+        "node": "n1",
+        "containers": [
+            {
+                "name": "app",
+                "index": 0,
+                "init": False,
+                "devices": [{"uuid": "GPU-a", "memory_mib": 100, "cores": 20}],
+            }
+        ],
+    }
+    base.update(over)
+    return base
+
+
+def raw(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def test_parses_a_record() -> None:
+    a = al.parse(rec())
+    assert a.container("app") == al.ContainerAllocation(
+        "app", 0, False, (al.SliceDevice("GPU-a", 100, 20),)
+    )
+    assert a.container("nope") is None
+
+
+def test_kubelet_order_puts_init_first() -> None:
+    cs = [
+        {
+            "name": "b",
+            "index": 1,
+            "init": False,
+            "devices": [{"uuid": "G", "memory_mib": 1, "cores": 0}],
+        },
+        {
+            "name": "i1",
+            "index": 1,
+            "init": True,
+            "devices": [{"uuid": "G", "memory_mib": 1, "cores": 0}],
+        },
+        {
+            "name": "a",
+            "index": 0,
+            "init": False,
+            "devices": [{"uuid": "G", "memory_mib": 1, "cores": 0}],
+        },
+        {
+            "name": "i0",
+            "index": 0,
+            "init": True,
+            "devices": [{"uuid": "G", "memory_mib": 1, "cores": 0}],
+        },
+    ]
+    assert [c.name for c in al.parse(rec(containers=cs)).kubelet_order()] == ["i0", "i1", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "must be a JSON object"),
+        (rec(v=2), "version v=2"),
+        (rec(v=True), "v must be an integer"),
+        (rec(containers=[]), "containers is empty"),
+        (rec(namespace=""), "namespace is empty"),
+        (rec(pod_uid=3), "pod_uid must be a str"),
+        (rec(containers=[{"name": "a", "index": 0, "init": False, "devices": []}]), "1..16 slices"),
+        (
+            rec(containers=[{"name": "a", "index": 0, "init": "no", "devices": []}]),
+            "init must be a bool",
+        ),
+        (
+            rec(
+                containers=[
+                    {
+                        "name": "a",
+                        "index": 0,
+                        "init": False,
+                        "devices": [{"uuid": "G", "memory_mib": -5, "cores": 0}],
+                    }
+                ]
+            ),
+            "memory_mib=-5",
+        ),
+        (
+            rec(
+                containers=[
+                    {
+                        "name": "a",
+                        "index": 0,
+                        "init": False,
+                        "devices": [{"uuid": "G", "memory_mib": 5, "cores": 101}],
+                    }
+                ]
+            ),
+            "cores=101",
+        ),
+        (
+            rec(
+                containers=[
+                    {
+                        "name": "a",
+                        "index": 0,
+                        "init": False,
+                        "devices": [
+                            {"uuid": "G", "memory_mib": 5, "cores": 1},
+                            {"uuid": "G", "memory_mib": 5, "cores": 1},
+                        ],
+                    }
+                ]
+            ),
+            "repeats a card",
+        ),
+        (
+            rec(
+                containers=[
+                    {
+                        "name": "a",
+                        "index": 0,
+                        "init": False,
+                        "devices": [{"memory_mib": 5, "cores": 1}],
+                    }
+                ]
+            ),
+            "containers[0].devices[0].uuid is missing",
+        ),
+    ],
+)
+def test_malformed_records_name_the_field(data: Any, message: str) -> None:
+    with pytest.raises(al.AllocationError) as err:
+        al.parse(data)
+    assert message in str(err.value)
+
+
+def test_not_json() -> None:
+    with pytest.raises(al.AllocationError, match="not JSON"):
+        al.parse_bytes(b"{nope")
+    with pytest.raises(al.AllocationError, match="larger than"):
+        al.parse_bytes(b" " * (al.MAX_RECORD_BYTES + 1))
+
+
+def test_signature_round_trip_and_forgeries() -> None:
+    value = raw(rec())
+    sig = al.sign(value, KEY)
+    assert sig.startswith("v1:") and "=" not in sig
+    assert al.from_annotations(
+        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: sig}, KEY
+    ) == al.parse(rec())
+    tampered = value.replace('"memory_mib":100', '"memory_mib":99999')
+    for ann in (
+        {al.ANNOTATION: tampered, al.SIGNATURE_ANNOTATION: sig},
+        {al.ANNOTATION: value},
+        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: al.sign(value, b"x" * 20)},
+        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: sig[3:]},
+    ):
+        with pytest.raises(al.AllocationError, match="not signed"):
+            al.from_annotations(ann, KEY)
+    assert not al.verify(value, sig, b"")
+    assert al.from_annotations({}, KEY) is None
+    with pytest.raises(al.AllocationError, match="missing"):
+        al.from_annotations({al.SIGNATURE_ANNOTATION: sig}, KEY)
+
+
+def test_identity_checks() -> None:
+    a = al.parse(rec())
+    al.check_identity(a, "ns", "p", "n1")
+    with pytest.raises(al.AllocationError, match="is for pod ns/p"):
+        al.check_identity(a, "ns", "other", "n1")
+    with pytest.raises(al.AllocationError, match="on node 'n1'"):
+        al.check_identity(a, "ns", "p", "n2")
+
+
+def test_records_the_control_plane_signs_verify_here() -> None:
+    """Cross-check with the extender's own code (controlplane/extender/signing.py)."""
+    from controlplane.extender import signing
+
+    key = b"a-32-byte-test-key-for-tessera!!"
+    record = signing.allocation_record(
+        "uid-9",
+        "team-a",
+        "trainer",
+        "n1",
+        [
+            signing.ContainerAllocation(
+                "app",
+                0,
+                False,
+                (signing.Device("GPU-b", 1, 2000, 30), signing.Device("GPU-a", 0, 1000, 0)),
+            ),
+            signing.ContainerAllocation("setup", 0, True, (signing.Device("GPU-a", 0, 500, 0),)),
+        ],
+    )
+    value = signing.encode(record)
+    parsed = al.from_annotations(
+        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: signing.sign(value, key)}, key
+    )
+    assert parsed is not None
+    assert al.sign(value, key) == signing.sign(value, key)
+    assert [c.name for c in parsed.kubelet_order()] == ["setup", "app"]
+    app = parsed.container("app")
+    assert app is not None
+    assert [d.uuid for d in app.devices] == ["GPU-a", "GPU-b"]  # by card index
+    al.check_identity(parsed, "team-a", "trainer", "n1")

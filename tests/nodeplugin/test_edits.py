@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodeplugin import edits
+from nodeplugin.allocation import ContainerAllocation, SliceDevice
+from nodeplugin.cards import Card, Health, inventory_report
+
+CARDS = {
+    "GPU-a": Card("GPU-a", 0, "A100", 81920, 0, 0),
+    "GPU-b": Card("GPU-b", 1, "A100", 81920, 3, 1),
+    "GPU-c": Card("GPU-c", 2, "A100", 81920, 5, None),
+}
+LAYOUT = edits.Layout(
+    dev_root=Path("/dev"),
+    region_dir=Path("/run/tessera/regions"),
+    region_container_dir="/var/run/tessera",
+    state_dir=Path("/var/lib/tessera"),
+    config_container_dir="/etc/tessera",
+    shim_library=Path("/opt/tessera/libtessera.so"),
+    shim_container_path="/usr/local/tessera/lib/libtessera.so",
+    preload=True,
+)
+
+
+def plan() -> edits.ContainerPlan:
+    c = ContainerAllocation(
+        "app", 0, False, (SliceDevice("GPU-b", 4000, 30), SliceDevice("GPU-a", 2000, 0))
+    )
+    return edits.make_plan("alloc-x", c, CARDS, namespace="ns", pod="p", pod_uid="u")
+
+
+def test_env_follows_the_allocation_order() -> None:
+    env = edits.container_env(plan(), LAYOUT)
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "TESSERA_DEVICE_MEMORY_LIMIT_0": "4000",
+        "TESSERA_DEVICE_CORE_LIMIT_0": "30",
+        "TESSERA_DEVICE_MEMORY_LIMIT_1": "2000",
+        "TESSERA_DEVICE_CORE_LIMIT_1": "0",
+        "TESSERA_SHARED_REGION": "/var/run/tessera/region",
+        "TESSERA_ALLOCATION": "alloc-x",
+    }
+
+
+def test_cdi_spec_gives_exactly_the_cards() -> None:
+    spec = edits.cdi_spec("tessera.io/gpu", plan(), LAYOUT, ["nvidiactl", "nvidia-uvm"])
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "tessera.io/gpu"
+    (dev,) = spec["devices"]  # type: ignore[misc]
+    assert dev["name"] == "alloc-x"
+    edits_ = dev["containerEdits"]
+    assert [n["path"] for n in edits_["deviceNodes"]] == [
+        "/dev/nvidia3",
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+    ]
+    assert {m["containerPath"]: m["hostPath"] for m in edits_["mounts"]} == {
+        "/usr/local/tessera/lib/libtessera.so": "/opt/tessera/libtessera.so",
+        "/etc/ld.so.preload": "/var/lib/tessera/ld.so.preload",
+        "/var/run/tessera": "/run/tessera/regions/alloc-x",
+    }
+    assert "TESSERA_DEVICE_MEMORY_LIMIT_0=4000" in edits_["env"]
+    assert set(edits_) == {"env", "deviceNodes", "mounts"}  # nothing CDI would reject
+    assert edits.cdi_file_name("tessera.io/gpu", "alloc-x") == "tessera.io_gpu-alloc-x.json"
+
+
+def test_unknown_card_in_the_record_is_refused() -> None:
+    c = ContainerAllocation("app", 0, False, (SliceDevice("GPU-zz", 1, 0),))
+    with pytest.raises(edits.PlanError, match="GPU-zz"):
+        edits.make_plan("n", c, CARDS)
+
+
+def test_paths_mode_orders_by_index_and_permutes_limits() -> None:
+    r = edits.paths_allocate("alloc-x", [CARDS["GPU-b"], CARDS["GPU-a"]], LAYOUT, ["nvidiactl"])
+    assert r.devices[:2] == [
+        ("/dev/nvidia0", "/var/lib/tessera/paths/alloc-x/dev/nvidia0", "rw"),
+        ("/dev/nvidia3", "/var/lib/tessera/paths/alloc-x/dev/nvidia3", "rw"),
+    ]
+    assert r.envs["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert ("/etc/tessera", "/var/lib/tessera/paths/alloc-x/config", True) in r.mounts
+    config = edits.paths_config(plan(), LAYOUT)
+    assert "TESSERA_DEVICE_MEMORY_LIMIT_0=2000\n" in config  # GPU-a is ordinal 0 here
+    assert "TESSERA_DEVICE_MEMORY_LIMIT_1=4000\n" in config
+    assert "TESSERA_DEVICE_CORE_LIMIT_1=30\n" in config
+
+
+def test_inventory_report_is_exactly_the_design_shape() -> None:
+    body = inventory_report("1.0", list(CARDS.values()), {"GPU-b": Health(False, "XID 79")})
+    assert set(body) == {"plugin_version", "cards"}
+    cards = body["cards"]
+    assert isinstance(cards, list)
+    assert cards[1] == {
+        "uuid": "GPU-b",
+        "index": 1,
+        "model": "A100",
+        "memory_mib": 81920,
+        "numa_node": 1,
+        "healthy": False,
+        "health_reason": "XID 79",
+    }
+    assert cards[2]["numa_node"] is None
