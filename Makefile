@@ -59,11 +59,12 @@ check-shim: venv
 test: lint check-shim test-python
 
 test-python: venv
+	@scripts/browser.sh
 	@eval "$$(scripts/services.sh up)" && \
 	echo "== pytest on SQLite" && \
 	env -u DATABASE_URL $(PY) -m pytest && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
-	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access
+	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler
 
 services:
 	@scripts/services.sh up

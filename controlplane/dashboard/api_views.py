@@ -1,0 +1,451 @@
+"""Operations REST API: quotas (CRUD), nodes, cards, slices and bindings (read), cordons.
+
+Viewers read; operators write. Authentication is a bearer token or the dashboard's session
+(with its CSRF check). Lists answer `{"count", "next", "previous", "results"}`, 50 rows a page
+by default, `?page_size=` up to 500. Bad input answers 400 naming the field and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import EmptyPage, Paginator
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.generics import GenericAPIView
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.access.roles import Role, has_role
+from controlplane.dashboard import selectors, services
+from controlplane.dashboard.serializers import (
+    BindingSerializer,
+    CardDetailSerializer,
+    CardSerializer,
+    CordonSerializer,
+    NodeSerializer,
+    QuotaLimitsSerializer,
+    QuotaSerializer,
+    SliceSerializer,
+)
+from controlplane.ledger.models import PodBinding
+from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
+
+MAX_PAGE_SIZE = 500
+
+
+class ReadViewerWriteOperator(BasePermission):
+    """Safe methods need viewer; anything else needs operator."""
+
+    message = "Reading needs the viewer role; changing needs the operator role."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        needed = Role.VIEWER if request.method in SAFE_METHODS else Role.OPERATOR
+        return has_role(request.user, needed)
+
+
+class OperatorOnly(BasePermission):
+    message = "This needs the operator role or higher."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return has_role(request.user, Role.OPERATOR)
+
+
+class Pagination(PageNumberPagination):
+    """Page-number pagination that refuses a bad `page`/`page_size` instead of guessing."""
+
+    page_size = selectors.PAGE_SIZE
+    page_size_query_param = "page_size"
+    max_page_size = MAX_PAGE_SIZE
+
+    def get_page_size(self, request: Request) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None or raw == "":
+            return self.page_size
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+            raise ValidationError(
+                {"page_size": f"{raw!r}: give a whole number from 1 to {MAX_PAGE_SIZE}."}
+            )
+        return int(raw)
+
+    def paginate(self, queryset: QuerySet[Any] | list[Any], request: Request) -> Any:
+        """The page's slice of `queryset` (or list), still lazy: the caller picks the columns."""
+        size = self.get_page_size(request)
+        raw = request.query_params.get(self.page_query_param, "1")
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValidationError({"page": f"{raw!r}: give a page number from 1."})
+        paginator = Paginator(queryset, size)
+        try:
+            self.page = paginator.page(int(raw))
+        except EmptyPage:
+            raise NotFound(f"page {raw} is past the last page ({paginator.num_pages}).") from None
+        self.request = request
+        return self.page.object_list  # type: ignore[return-value]
+
+
+def _bool(request: Request, name: str) -> bool | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    value = raw.lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ValidationError({name: f"{raw!r}: give true or false."})
+
+
+def _text(request: Request, name: str, limit: int = 253) -> str:
+    raw = request.query_params.get(name, "").strip()
+    if len(raw) > limit:
+        raise ValidationError({name: f"at most {limit} characters."})
+    return raw
+
+
+def _bool_param(name: str, text: str) -> OpenApiParameter:
+    return OpenApiParameter(name, OpenApiTypes.BOOL, description=text)
+
+
+def _str_param(name: str, text: str, enum: list[str] | None = None) -> OpenApiParameter:
+    return OpenApiParameter(name, OpenApiTypes.STR, description=text, enum=enum)
+
+
+PAGE_PARAMS = [
+    OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1."),
+    OpenApiParameter(
+        "page_size", OpenApiTypes.INT, description=f"Rows per page, 1 to {MAX_PAGE_SIZE} (50)."
+    ),
+]
+
+
+# --- quotas --------------------------------------------------------------------------------------
+
+
+def _quota_body(row: selectors.QuotaRow) -> dict[str, Any]:
+    return {
+        "namespace": row.namespace,
+        "gpumem_mib": row.gpumem_mib,
+        "gpucores": row.gpucores,
+        "gpus": row.gpus,
+        "usage": {
+            "gpumem_mib": row.used_memory_mib,
+            "gpucores": row.used_cores,
+            "gpus": row.used_gpus,
+        },
+        "updated_at": row.updated_at,
+        "updated_by": row.updated_by,
+    }
+
+
+def _quota_response(namespace: str, code: int = status.HTTP_200_OK) -> Response:
+    rows = [r for r in selectors.quota_rows(namespace) if r.has_quota]
+    if not rows:
+        raise NotFound(f"namespace {namespace} has no quota.")
+    return Response(QuotaSerializer(_quota_body(rows[0])).data, status=code)
+
+
+def _check_url_namespace(namespace: str) -> None:
+    if not is_namespace(namespace):
+        raise ValidationError(
+            {"namespace": f"{namespace!r} is not a valid namespace name: {NAMESPACE_HELP}"}
+        )
+
+
+class QuotaListView(GenericAPIView):
+    """`/api/v1/quotas/`: list every namespace quota with its usage; create one (operator)."""
+
+    permission_classes = [ReadViewerWriteOperator]
+    serializer_class = QuotaSerializer
+    pagination_class = Pagination
+
+    @extend_schema(
+        summary="List namespace quotas with usage",
+        parameters=PAGE_PARAMS,
+        responses=QuotaSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        paginator = Pagination()
+        rows = [r for r in selectors.quota_rows() if r.has_quota]
+        page = paginator.paginate(rows, request)  # one row per namespace with a quota
+        body = QuotaSerializer([_quota_body(r) for r in page], many=True)
+        return paginator.get_paginated_response(body.data)
+
+    @extend_schema(summary="Create a namespace quota (operator)", responses={201: QuotaSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = QuotaSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        namespace = serializer.validated_data["namespace"]
+        services.set_quota(
+            namespace, serializer.limits(), request.user.get_username(), create_only=True
+        )
+        return _quota_response(namespace, status.HTTP_201_CREATED)
+
+
+class QuotaDetailView(GenericAPIView):
+    """`/api/v1/quotas/<namespace>/`: read, replace (PUT creates too), change, delete."""
+
+    permission_classes = [ReadViewerWriteOperator]
+    serializer_class = QuotaLimitsSerializer
+
+    @extend_schema(summary="A namespace quota with usage", responses=QuotaSerializer)
+    def get(self, request: Request, namespace: str) -> Response:
+        _check_url_namespace(namespace)
+        return _quota_response(namespace)
+
+    def _write(self, request: Request, namespace: str, partial: bool) -> Response:
+        _check_url_namespace(namespace)
+        serializer = QuotaLimitsSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        body_ns = serializer.validated_data.get("namespace")
+        if body_ns is not None and body_ns != namespace:
+            raise ValidationError(
+                {"namespace": f"{body_ns!r} differs from the URL's {namespace!r}; omit it."}
+            )
+        base = None
+        if partial:
+            existing = [r for r in selectors.quota_rows(namespace) if r.has_quota]
+            if not existing:
+                raise NotFound(f"namespace {namespace} has no quota; PUT creates one.")
+            row = existing[0]
+            base = services.QuotaLimitsInput(row.gpumem_mib, row.gpucores, row.gpus)
+        _, created = services.set_quota(
+            namespace, serializer.limits(base), request.user.get_username()
+        )
+        return _quota_response(namespace, status.HTTP_201_CREATED if created else 200)
+
+    @extend_schema(
+        summary="Create or replace a namespace quota (operator); absent limits become unlimited",
+        responses={200: QuotaSerializer, 201: QuotaSerializer},
+    )
+    def put(self, request: Request, namespace: str) -> Response:
+        return self._write(request, namespace, partial=False)
+
+    @extend_schema(
+        summary="Change some limits of a namespace quota (operator)", responses=QuotaSerializer
+    )
+    def patch(self, request: Request, namespace: str) -> Response:
+        return self._write(request, namespace, partial=True)
+
+    @extend_schema(
+        summary="Remove a namespace quota: unlimited again (operator)", responses={204: None}
+    )
+    def delete(self, request: Request, namespace: str) -> Response:
+        _check_url_namespace(namespace)
+        services.delete_quota(namespace, request.user.get_username())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- nodes and cards -----------------------------------------------------------------------------
+
+
+class NodeListView(GenericAPIView):
+    """`/api/v1/nodes/`: nodes with their cards and allocation."""
+
+    serializer_class = NodeSerializer
+    pagination_class = Pagination
+
+    @extend_schema(
+        summary="List nodes with cards and allocation",
+        parameters=[
+            _str_param("name", "Node name contains this."),
+            _bool_param("ready", "Only nodes whose plugin reports (true) or is silent (false)."),
+            _bool_param("cordoned", "Only cordoned (true) or uncordoned (false) nodes."),
+            _bool_param("healthy", "true: every card healthy and present; false: some card not."),
+            *PAGE_PARAMS,
+        ],
+        responses=NodeSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        qs = selectors.node_filter(
+            name=_text(request, "name"),
+            ready=_bool(request, "ready"),
+            cordoned=_bool(request, "cordoned"),
+            healthy=_bool(request, "healthy"),
+        )
+        paginator = Pagination()
+        nodes = selectors.node_views(paginator.paginate(qs, request))
+        return paginator.get_paginated_response(NodeSerializer(nodes, many=True).data)
+
+
+class NodeDetailView(GenericAPIView):
+    """`/api/v1/nodes/<name>/`: one node with its cards and their slices."""
+
+    serializer_class = NodeSerializer
+
+    @extend_schema(summary="One node with cards", responses=NodeSerializer)
+    def get(self, request: Request, name: str) -> Response:
+        node = selectors.node_detail(name)
+        if node is None:
+            raise NotFound(f"node {name!r} is not registered with Tessera.")
+        return Response(NodeSerializer(node).data)
+
+
+class CardListView(GenericAPIView):
+    """`/api/v1/cards/`: cards with allocation."""
+
+    serializer_class = CardSerializer
+    pagination_class = Pagination
+
+    @extend_schema(
+        summary="List cards with allocation",
+        parameters=[
+            _str_param("node", "Exact node name."),
+            _bool_param("healthy", "Health reported by the node plugin."),
+            _bool_param("cordoned", "Operator cordon flag."),
+            _bool_param("present", "In the node's latest inventory report."),
+            _str_param("model", "Model contains this (case-insensitive)."),
+            *PAGE_PARAMS,
+        ],
+        responses=CardSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        qs = selectors.card_queryset(
+            node=_text(request, "node"),
+            healthy=_bool(request, "healthy"),
+            cordoned=_bool(request, "cordoned"),
+            present=_bool(request, "present"),
+            model=_text(request, "model", 128),
+        )
+        paginator = Pagination()
+        cards = selectors.card_views(paginator.paginate(qs, request))
+        return paginator.get_paginated_response(CardSerializer(cards, many=True).data)
+
+
+class CardDetailView(GenericAPIView):
+    """`/api/v1/cards/<uuid>/`: one card with its active slices."""
+
+    serializer_class = CardDetailSerializer
+
+    @extend_schema(summary="One card with its active slices", responses=CardDetailSerializer)
+    def get(self, request: Request, uuid: str) -> Response:
+        detail = selectors.card_detail(uuid)
+        if detail is None:
+            raise NotFound(f"card {uuid!r} is not registered with Tessera.")
+        return Response(CardDetailSerializer(detail.card).data)
+
+
+class _CordonView(GenericAPIView):
+    permission_classes = [OperatorOnly]
+    serializer_class = CordonSerializer
+    cordon: bool = True
+
+    def _reason(self, request: Request) -> str:
+        data = request.data if request.data else {}
+        serializer = CordonSerializer(data=data)
+        serializer.is_valid(raise_exception=True)
+        return str(serializer.validated_data.get("reason", ""))
+
+
+class NodeCordonView(_CordonView):
+    """POST `/api/v1/nodes/<name>/cordon` or `/uncordon` (operator): place nothing new there."""
+
+    @extend_schema(summary="Cordon or uncordon a node (operator)", responses=NodeSerializer)
+    def post(self, request: Request, name: str) -> Response:
+        reason = self._reason(request)
+        services.set_node_cordon(name, self.cordon, request.user.get_username(), reason)
+        node = selectors.node_detail(name)
+        return Response(NodeSerializer(node).data)
+
+
+class CardCordonView(_CordonView):
+    """POST `/api/v1/cards/<uuid>/cordon` or `/uncordon` (operator)."""
+
+    @extend_schema(summary="Cordon or uncordon a card (operator)", responses=CardSerializer)
+    def post(self, request: Request, uuid: str) -> Response:
+        reason = self._reason(request)
+        services.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
+        detail = selectors.card_detail(uuid)
+        assert detail is not None  # the service raised NotFound otherwise
+        return Response(CardSerializer(detail.card).data)
+
+
+# --- slices and bindings -------------------------------------------------------------------------
+
+
+class SliceListView(GenericAPIView):
+    """`/api/v1/slices/`: slices (active ones by default) with their pod and card."""
+
+    serializer_class = SliceSerializer
+    pagination_class = Pagination
+
+    @extend_schema(
+        summary="List slices",
+        parameters=[
+            _str_param("node", "Exact node name."),
+            _str_param("card", "Card UUID."),
+            _str_param("namespace", "Pod namespace."),
+            _str_param("pod", "Pod name."),
+            _bool_param("active", "true (default): held now; false: released; any: both."),
+            *PAGE_PARAMS,
+        ],
+        responses=SliceSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        active: bool | None = True
+        if request.query_params.get("active", "").lower() == "any":
+            active = None
+        elif request.query_params.get("active"):
+            active = _bool(request, "active")
+        qs = selectors.slice_queryset(
+            node=_text(request, "node"),
+            card=_text(request, "card", 64),
+            namespace=_text(request, "namespace", 63),
+            pod=_text(request, "pod"),
+            active=active,
+        )
+        paginator = Pagination()
+        rows = selectors.slice_dicts(paginator.paginate(qs, request))
+        return paginator.get_paginated_response(SliceSerializer(rows, many=True).data)
+
+
+class BindingListView(GenericAPIView):
+    """`/api/v1/bindings/`: pod <-> card bindings with their slices."""
+
+    serializer_class = BindingSerializer
+    pagination_class = Pagination
+
+    @extend_schema(
+        summary="List pod bindings",
+        parameters=[
+            _str_param("namespace", "Pod namespace."),
+            _str_param("name", "Pod name contains this."),
+            _str_param("node", "Exact node name."),
+            _str_param("card", "Card UUID the pod holds or held."),
+            _str_param("phase", "Binding phase.", list(PodBinding.Phase.values)),
+            _str_param(
+                "sort",
+                "Order; '-' for descending (default -created).",
+                [s for k in selectors.BINDING_SORTS for s in (k, f"-{k}")],
+            ),
+            *PAGE_PARAMS,
+        ],
+        responses=BindingSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        phase = _text(request, "phase", 16)
+        if phase and phase not in PodBinding.Phase.values:
+            raise ValidationError(
+                {"phase": f"{phase!r}: give one of {', '.join(PodBinding.Phase.values)}."}
+            )
+        sort = _text(request, "sort", 16) or selectors.DEFAULT_BINDING_SORT
+        if sort.lstrip("-") not in selectors.BINDING_SORTS:
+            raise ValidationError(
+                {"sort": f"{sort!r}: give one of {', '.join(selectors.BINDING_SORTS)}."}
+            )
+        filters = selectors.BindingFilters(
+            q=_text(request, "name"),
+            namespace=_text(request, "namespace", 63),
+            node=_text(request, "node"),
+            card=_text(request, "card", 64),
+            phase=phase,
+            sort=sort,
+        )
+        paginator = Pagination()
+        page_qs = paginator.paginate(selectors.binding_queryset(filters), request)
+        rows = selectors.binding_views(page_qs)
+        return paginator.get_paginated_response(BindingSerializer(rows, many=True).data)

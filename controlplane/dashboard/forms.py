@@ -1,0 +1,61 @@
+"""Forms of the dashboard pages: validate and translate; the services decide."""
+
+from __future__ import annotations
+
+from django import forms
+
+from controlplane.dashboard.services import MAX_QUOTA, QuotaLimitsInput
+from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
+
+
+def _limit_field(name: str, label: str) -> forms.IntegerField:
+    return forms.IntegerField(
+        label=label,
+        required=False,
+        min_value=0,
+        max_value=MAX_QUOTA[name],
+        help_text="Empty = unlimited.",
+        widget=forms.NumberInput(attrs={"placeholder": "unlimited", "min": 0}),
+    )
+
+
+class QuotaForm(forms.Form):
+    """A namespace's limits; an empty limit is unlimited."""
+
+    namespace = forms.CharField(max_length=63)
+    gpumem_mib = _limit_field("gpumem_mib", "GPU memory (MiB)")
+    gpucores = _limit_field("gpucores", "Compute (sum of %)")
+    gpus = _limit_field("gpus", "Slices")
+
+    def clean_namespace(self) -> str:
+        value: str = self.cleaned_data["namespace"].strip()
+        if not is_namespace(value):
+            raise forms.ValidationError(
+                f"{value!r} is not a valid namespace name: {NAMESPACE_HELP}"
+            )
+        return value
+
+    def limits(self) -> QuotaLimitsInput:
+        data = self.cleaned_data
+        return QuotaLimitsInput(data["gpumem_mib"], data["gpucores"], data["gpus"])
+
+
+class CordonForm(forms.Form):
+    """Cordon or uncordon, with an optional reason for the audit log."""
+
+    action = forms.ChoiceField(choices=[("cordon", "cordon"), ("uncordon", "uncordon")])
+    reason = forms.CharField(max_length=500, required=False)
+
+
+ROLE_CHOICES = [(r, r) for r in ("viewer", "operator", "admin", "node")]
+
+
+class GrantRoleForm(forms.Form):
+    """Give a user (created if new) one Tessera role; optionally issue a token at once."""
+
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=ROLE_CHOICES)
+    token_label = forms.CharField(
+        max_length=100, required=False, help_text="Set to issue a token now (shown once)."
+    )
+    issue_token = forms.BooleanField(required=False)

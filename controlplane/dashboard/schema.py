@@ -1,0 +1,19 @@
+"""OpenAPI: describe Tessera's bearer tokens so the schema says how to authenticate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "controlplane.access.authentication.BearerTokenAuthentication"
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `manage.py createtoken <user> --role <role>`.",
+        }

@@ -1,0 +1,1116 @@
+"""Reads for the dashboard, the operations API and /metrics, in a fixed number of queries.
+
+Every selector here issues the same number of queries however many nodes, cards and slices
+there are (tests lock the counts): rows come from `values_list` and are folded in one pass in
+Python. A card's allocation follows the scheduling core's rule (`claims_per_card`: an init
+container counts at its peak, not on top of the app containers), so the dashboard and the
+scheduler never disagree on how full a card is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.db import connections
+from django.db.models import Case, Count, Exists, Max, OuterRef, Q, QuerySet, Sum, Value, When
+from django.utils import timezone
+
+from controlplane.dashboard.models import AllocationSample
+from controlplane.ledger.models import (
+    AuditEvent,
+    Card,
+    NamespaceQuota,
+    Node,
+    PodBinding,
+    SchedulingDecision,
+    Slice,
+)
+from controlplane.scheduling import SliceClaim, claims_per_card
+
+PAGE_SIZE = 50
+CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
+CARD_HISTORY_ACTIONS = (*CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon")
+ACTIVE_PHASES = tuple(str(p) for p in PodBinding.ACTIVE_PHASES)
+
+
+# --- folding slice rows into claims --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Usage:
+    """Room held on one card (or by one namespace): memory, compute, slots, exclusive flag."""
+
+    memory_mib: int = 0
+    cores: int = 0
+    slots: int = 0
+    exclusive: bool = False
+
+    def add(self, memory_mib: int, cores: int, slots: int, exclusive: bool) -> None:
+        self.memory_mib += memory_mib
+        self.cores += cores
+        self.slots += slots
+        self.exclusive = self.exclusive or exclusive
+
+
+# (binding_id, card_id, container_index, init_container, memory_mib, compute_percent)
+SliceRow = tuple[int, int, int, bool, int, int]
+SLICE_ROW_FIELDS = (
+    "binding_id",
+    "card_id",
+    "container_index",
+    "init_container",
+    "memory_mib",
+    "compute_percent",
+)
+
+
+def binding_card_claims(rows: Iterable[SliceRow]) -> Iterable[tuple[int, int, Usage]]:
+    """(binding_id, card_id, claim) for every pod and card, by the core's init-container rule.
+
+    Pods without init slices (nearly all) take the fast path: their claim on a card is the plain
+    sum of their slices there, which is exactly what `claims_per_card` returns for them. Pods
+    with an init slice go through the core's function itself.
+    """
+    rows = list(rows)
+    with_init = {r[0] for r in rows if r[3]}
+    plain: dict[tuple[int, int], Usage] = {}
+    folded: dict[int, list[SliceClaim]] = defaultdict(list)
+    for binding_id, card_id, index, init, memory, cores in rows:
+        if binding_id in with_init:
+            folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores))
+            continue
+        usage = plain.get((binding_id, card_id))
+        if usage is None:
+            usage = plain[(binding_id, card_id)] = Usage()
+        usage.add(memory, cores, 1, cores >= 100)
+    for (binding_id, card_id), usage in plain.items():
+        yield binding_id, card_id, usage
+    for binding_id, claims in folded.items():
+        for card_key, claim in claims_per_card(claims).items():
+            yield (
+                binding_id,
+                int(card_key),
+                Usage(claim.memory_mib, claim.cores, claim.slots, claim.exclusive),
+            )
+
+
+def usage_per_card(rows: Iterable[SliceRow]) -> dict[int, Usage]:
+    """Per card id, the sum over pods of each pod's claim there."""
+    totals: dict[int, Usage] = defaultdict(Usage)
+    for _, card_id, claim in binding_card_claims(rows):
+        totals[card_id].add(claim.memory_mib, claim.cores, claim.slots, claim.exclusive)
+    return totals
+
+
+def plain_rows(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:
+    """Rows of a `values_list` queryset, fetched without Django's per-value converters.
+
+    At cluster scale (8,000 cards, 20,000 slices) the converters cost more than the query. Only
+    for columns whose database values are already what the caller needs: integers, text, and
+    booleans used as truth values (SQLite gives 0/1). The SQL is still built by the ORM, and the
+    query still goes through Django's cursor (so query counting sees it).
+    """
+    sql, params = qs.query.get_compiler(using=qs.db).as_sql()
+    with connections[qs.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _init_corrections(
+    slices: QuerySet[Slice], *extra: str
+) -> list[tuple[tuple[Any, ...], int, int, Usage]]:
+    """For pods that hold init slices: what the core's rule adds on top of their app slices.
+
+    Returns (extra values, binding_id, card_id, delta) where delta = the pod's claim on the card
+    minus the plain sum of its app slices there (delta.slots may be 1 for an init-only card).
+    One query, over only the pods with an active init slice (few: init containers are short).
+    """
+    with_init = slices.filter(active=True, init_container=True).values("binding_id")
+    rows = list(
+        slices.filter(active=True, binding_id__in=with_init)
+        .order_by()
+        .values_list(*SLICE_ROW_FIELDS, *extra)
+    )
+    extra_of = {r[0]: tuple(r[6:]) for r in rows}
+    plain: dict[tuple[int, int], Usage] = defaultdict(Usage)
+    for binding_id, card_id, _, init, memory, cores, *_ in rows:
+        if not init:
+            plain[(binding_id, card_id)].add(memory, cores, 1, False)
+    folded: dict[int, list[SliceClaim]] = defaultdict(list)
+    for binding_id, card_id, index, init, memory, cores, *_ in rows:
+        folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores))
+    out = []
+    for binding_id, claims in folded.items():
+        for card_key, claim in claims_per_card(claims).items():
+            base = plain.get((binding_id, int(card_key))) or Usage()
+            delta = Usage(
+                claim.memory_mib - base.memory_mib,
+                claim.cores - base.cores,
+                claim.slots - base.slots,
+                claim.exclusive,
+            )
+            out.append((extra_of[binding_id], binding_id, int(card_key), delta))
+    return out
+
+
+_EXCLUSIVE = Max(Case(When(compute_percent__gte=100, then=Value(1)), default=Value(0)))
+
+
+def card_usage(slices: QuerySet[Slice] | None = None) -> dict[int, Usage]:
+    """Per card id, the sum of every pod's claim there (two queries).
+
+    The database sums the app slices per card; only pods with init slices are folded here,
+    through the core's `claims_per_card`. Same figures as `usage_per_card`, without reading
+    every slice row.
+    """
+    slices = Slice.objects.all() if slices is None else slices
+    totals: dict[int, Usage] = defaultdict(Usage)
+    app = (
+        slices.filter(active=True, init_container=False)
+        .order_by()
+        .values_list("card_id")
+        .annotate(
+            mem=Sum("memory_mib"), cores=Sum("compute_percent"), n=Count("id"), excl=_EXCLUSIVE
+        )
+    )
+    for card_id, memory, cores, n, exclusive in plain_rows(app):
+        totals[card_id].add(memory, cores, n, bool(exclusive))
+    for _, _, card_id, delta in _init_corrections(slices):
+        totals[card_id].add(delta.memory_mib, delta.cores, delta.slots, delta.exclusive)
+    return totals
+
+
+def slice_sizes() -> Counter[int]:
+    """How many active slices there are of each memory size (one query)."""
+    rows = (
+        Slice.objects.filter(active=True)
+        .order_by()
+        .values_list("memory_mib")
+        .annotate(n=Count("id"))
+    )
+    return Counter(dict(plain_rows(rows)))
+
+
+# --- overview ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fragmentation:
+    """Free memory on schedulable cards that slices of the most common size cannot use.
+
+    For each schedulable card (healthy, present, not cordoned, on a ready uncordoned node) with
+    free memory F, free slots N and size S = the most common memory request among active slices:
+    usable = S * min(F // S, N), or 0 when the card is held exclusively; stranded = F - usable.
+    `percent` = stranded / free over all such cards. No active slices means no common size and
+    nothing counted as stranded.
+    """
+
+    common_request_mib: int | None
+    free_mib: int
+    stranded_mib: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.stranded_mib / self.free_mib if self.free_mib else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Cluster totals for the overview page, the samples and /metrics."""
+
+    nodes: int
+    nodes_ready: int
+    nodes_cordoned: int
+    cards: int
+    cards_unhealthy: int
+    cards_cordoned: int
+    cards_missing: int
+    memory_total_mib: int
+    memory_allocated_mib: int
+    compute_total: int
+    compute_allocated: int
+    slots_total: int
+    slots_allocated: int
+    slices: int
+    pending_reserved: int
+    pending_unschedulable: int
+    fragmentation: Fragmentation
+
+    @property
+    def pending_pods(self) -> int:
+        return self.pending_reserved + self.pending_unschedulable
+
+    @property
+    def memory_percent(self) -> float:
+        return _percent(self.memory_allocated_mib, self.memory_total_mib)
+
+    @property
+    def compute_percent(self) -> float:
+        return _percent(self.compute_allocated, self.compute_total)
+
+    @property
+    def slots_percent(self) -> float:
+        return _percent(self.slots_allocated, self.slots_total)
+
+
+def _percent(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else 0.0
+
+
+def common_request_size(counts: Counter[int]) -> int | None:
+    """The most common slice memory size; ties go to the smaller size (the stricter test)."""
+    if not counts:
+        return None
+    return min(counts.items(), key=lambda item: (-item[1], item[0]))[0]
+
+
+def stranded_memory(free_mib: int, free_slots: int, exclusive: bool, size: int | None) -> int:
+    """Free MiB of one schedulable card that slices of `size` MiB cannot use (see Fragmentation)."""
+    if size is None or free_mib <= 0:
+        return 0
+    if exclusive or free_slots <= 0:
+        return free_mib
+    return free_mib - size * min(free_mib // size, free_slots)
+
+
+def pending_counts() -> tuple[int, int]:
+    """(reserved bindings, pods whose latest decision is unschedulable and hold nothing). 2 queries.
+
+    A reservation waits for the API server's Binding; an unschedulable pod waits for room.
+    """
+    reserved = PodBinding.objects.filter(phase=PodBinding.Phase.RESERVED).count()
+    unschedulable = _unschedulable_decisions().count()
+    return reserved, unschedulable
+
+
+def _unschedulable_decisions() -> QuerySet[SchedulingDecision]:
+    """Latest decisions that found no room, of pods that hold no active binding."""
+    holds = PodBinding.objects.filter(pod_uid=OuterRef("pod_uid"), phase__in=ACTIVE_PHASES)
+    return SchedulingDecision.objects.filter(
+        outcome=SchedulingDecision.Outcome.UNSCHEDULABLE
+    ).exclude(Exists(holds))
+
+
+def cluster_overview() -> Overview:
+    """Totals of the whole cluster in seven queries, none of which reads every slice row."""
+    node_stats = Node.objects.aggregate(
+        total=Count("id"),
+        ready=Count("id", filter=Q(ready=True)),
+        cordoned=Count("id", filter=Q(cordoned=True)),
+    )
+    cards = plain_rows(
+        Card.objects.order_by().values_list(
+            "id",
+            "memory_mib",
+            "compute_units",
+            "slots",
+            "healthy",
+            "present",
+            "cordoned",
+            "node__ready",
+            "node__cordoned",
+        )
+    )
+    usage = card_usage()
+    sizes = slice_sizes()
+    common = common_request_size(sizes)
+    counts: dict[str, int] = defaultdict(int)
+    free_total = stranded_total = 0
+    for card_id, memory, compute, slots, healthy, present, cordoned, ready, node_cordoned in cards:
+        if not present:
+            counts["missing"] += 1
+            continue
+        used = usage.get(card_id) or Usage()
+        counts["cards"] += 1
+        counts["unhealthy"] += not healthy
+        counts["cordoned"] += cordoned
+        counts["memory"] += memory
+        counts["memory_used"] += used.memory_mib
+        counts["compute"] += compute
+        counts["compute_used"] += used.cores
+        counts["slots"] += slots
+        counts["slots_used"] += used.slots
+        if healthy and not cordoned and ready and not node_cordoned:
+            free = max(memory - used.memory_mib, 0)
+            free_total += free
+            stranded_total += stranded_memory(free, slots - used.slots, used.exclusive, common)
+    reserved, unschedulable = pending_counts()
+    return Overview(
+        nodes=node_stats["total"],
+        nodes_ready=node_stats["ready"],
+        nodes_cordoned=node_stats["cordoned"],
+        cards=counts["cards"],
+        cards_unhealthy=counts["unhealthy"],
+        cards_cordoned=counts["cordoned"],
+        cards_missing=counts["missing"],
+        memory_total_mib=counts["memory"],
+        memory_allocated_mib=counts["memory_used"],
+        compute_total=counts["compute"],
+        compute_allocated=counts["compute_used"],
+        slots_total=counts["slots"],
+        slots_allocated=counts["slots_used"],
+        slices=sum(sizes.values()),
+        pending_reserved=reserved,
+        pending_unschedulable=unschedulable,
+        fragmentation=Fragmentation(common, free_total, stranded_total),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod waiting for GPUs: reserved (waiting for its Binding) or unschedulable."""
+
+    namespace: str
+    name: str
+    kind: str  # "reserved" | "unschedulable"
+    detail: str
+    since: datetime | None
+
+
+def pending_pods(limit: int = 10) -> list[PendingPod]:
+    """The newest pending pods of each kind, at most `limit` of each (two queries)."""
+    reserved = [
+        PendingPod(ns, name, "reserved", f"room reserved on {node}", at)
+        for ns, name, node, at in PodBinding.objects.filter(phase=PodBinding.Phase.RESERVED)
+        .order_by("-reserved_at", "-id")
+        .values_list("namespace", "name", "node__name", "reserved_at")[:limit]
+    ]
+    waiting = [
+        PendingPod(ns, name, "unschedulable", summary, at)
+        for ns, name, summary, at in _unschedulable_decisions()
+        .order_by("-decided_at", "-id")
+        .values_list("namespace", "name", "summary", "decided_at")[:limit]
+    ]
+    return reserved + waiting
+
+
+def attention_cards(limit: int = 20) -> list[dict[str, Any]]:
+    """Cards that are unhealthy, missing from their node's report or cordoned (one query)."""
+    return list(
+        Card.objects.filter(Q(healthy=False) | Q(present=False) | Q(cordoned=True))
+        .order_by("node__name", "index")
+        .values(
+            "uuid",
+            "index",
+            "model",
+            "node__name",
+            "healthy",
+            "health_reason",
+            "present",
+            "cordoned",
+        )[:limit]
+    )
+
+
+def allocation_samples(hours: int = 6, now: datetime | None = None) -> list[AllocationSample]:
+    """Samples of the last `hours`, oldest first (one query)."""
+    since = (now or timezone.now()) - timedelta(hours=hours)
+    return list(AllocationSample.objects.filter(bucket__gte=since).order_by("bucket"))
+
+
+# --- nodes and cards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    """One active slice as drawn in a card's bar."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    phase: str
+    container: str
+    init: bool
+    memory_mib: int
+    cores: int
+    memory_share: float  # percent of the card's memory
+    cores_share: float  # percent of the card's compute
+
+
+@dataclass(slots=True)
+class CardView:
+    """One card with its allocation and active slices."""
+
+    id: int
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    compute_units: int
+    slots: int
+    healthy: bool
+    health_reason: str
+    cordoned: bool
+    present: bool
+    node_name: str
+    usage: Usage = field(default_factory=Usage)
+    slices: list[SliceView] = field(default_factory=list)
+
+    @property
+    def memory_free_mib(self) -> int:
+        return max(self.memory_mib - self.usage.memory_mib, 0)
+
+    @property
+    def memory_percent(self) -> float:
+        return _percent(self.usage.memory_mib, self.memory_mib)
+
+    @property
+    def compute_percent(self) -> float:
+        return _percent(self.usage.cores, self.compute_units)
+
+    @property
+    def state(self) -> str:
+        """One word for the badge: missing, unhealthy, cordoned or healthy (worst first)."""
+        if not self.present:
+            return "missing"
+        if not self.healthy:
+            return "unhealthy"
+        if self.cordoned:
+            return "cordoned"
+        return "healthy"
+
+
+@dataclass(slots=True)
+class NodeView:
+    """One node with its cards."""
+
+    id: int
+    name: str
+    ready: bool
+    cordoned: bool
+    last_heartbeat: datetime | None
+    plugin_version: str
+    cards: list[CardView] = field(default_factory=list)
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(c.memory_mib for c in self.cards if c.present)
+
+    @property
+    def memory_allocated_mib(self) -> int:
+        return sum(c.usage.memory_mib for c in self.cards if c.present)
+
+    @property
+    def unhealthy_cards(self) -> int:
+        return sum(1 for c in self.cards if c.state in ("unhealthy", "missing"))
+
+
+CARD_FIELDS = (
+    "id",
+    "uuid",
+    "index",
+    "model",
+    "memory_mib",
+    "compute_units",
+    "slots",
+    "healthy",
+    "health_reason",
+    "cordoned",
+    "present",
+    "node__name",
+)
+SLICE_VIEW_FIELDS = (
+    *SLICE_ROW_FIELDS,
+    "binding__namespace",
+    "binding__name",
+    "binding__pod_uid",
+    "binding__phase",
+    "container_name",
+)
+
+
+def card_views(
+    cards_qs: QuerySet[Card], slices_qs: QuerySet[Slice] | None = None
+) -> list[CardView]:
+    """Cards (one query) and their active slices (one query), usage folded per card.
+
+    `slices_qs` narrows the slice query (e.g. by node); by default it is the listed cards' slices.
+    """
+    cards = [CardView(*row) for row in cards_qs.values_list(*CARD_FIELDS)]
+    by_id = {c.id: c for c in cards}
+    if slices_qs is None:
+        slices_qs = Slice.objects.filter(card_id__in=list(by_id))
+    rows = list(slices_qs.filter(active=True).values_list(*SLICE_VIEW_FIELDS))
+    for card_id, usage in usage_per_card(r[:6] for r in rows).items():
+        if card_id in by_id:
+            by_id[card_id].usage = usage
+    for _, card_id, _, init, memory, cores, namespace, pod, uid, phase, container in rows:
+        card = by_id.get(card_id)
+        if card is None:
+            continue
+        card.slices.append(
+            SliceView(
+                namespace,
+                pod,
+                uid,
+                phase,
+                container,
+                init,
+                memory,
+                cores,
+                _percent(memory, card.memory_mib),
+                _percent(cores, card.compute_units),
+            )
+        )
+    for card in cards:
+        card.slices.sort(key=lambda s: (s.init, s.namespace, s.pod, s.container))
+    return cards
+
+
+NODE_FIELDS = ("id", "name", "ready", "cordoned", "last_heartbeat", "plugin_version")
+
+
+def node_views(nodes_qs: QuerySet[Node]) -> list[NodeView]:
+    """Nodes (one query) with their cards (one query) and active slices (one query)."""
+    nodes = [NodeView(*row) for row in nodes_qs.values_list(*NODE_FIELDS)]
+    ids = [n.id for n in nodes]
+    by_name = {n.name: n for n in nodes}
+    cards = card_views(
+        Card.objects.filter(node_id__in=ids).order_by("node_id", "index"),
+        Slice.objects.filter(card__node_id__in=ids),
+    )
+    for card in cards:
+        by_name[card.node_name].cards.append(card)
+    return nodes
+
+
+NODE_FILTERS = ("all", "ready", "not-ready", "cordoned", "unhealthy")
+
+
+def node_queryset(q: str = "", state: str = "all") -> QuerySet[Node]:
+    """Nodes by name substring and state (see NODE_FILTERS), ordered by name."""
+    nodes = Node.objects.order_by("name")
+    if q:
+        nodes = nodes.filter(name__icontains=q)
+    if state == "ready":
+        nodes = nodes.filter(ready=True)
+    elif state == "not-ready":
+        nodes = nodes.filter(ready=False)
+    elif state == "cordoned":
+        nodes = nodes.filter(Q(cordoned=True) | Q(cards__cordoned=True)).distinct()
+    elif state == "unhealthy":
+        nodes = nodes.filter(Q(cards__healthy=False) | Q(cards__present=False)).distinct()
+    return nodes
+
+
+def node_page(
+    page: int | str = 1, q: str = "", state: str = "all", per_page: int = PAGE_SIZE
+) -> Page:
+    """One page of nodes with cards and slices: four queries (count, nodes, cards, slices)."""
+    current = Paginator(node_queryset(q, state), per_page).get_page(page)
+    current.object_list = node_views(current.object_list)
+    return current
+
+
+def node_detail(name: str) -> NodeView | None:
+    """One node with its cards and slices (three queries), or None."""
+    nodes = node_views(Node.objects.filter(name=name))
+    return nodes[0] if nodes else None
+
+
+@dataclass(frozen=True, slots=True)
+class CardDetail:
+    """A card, its node's flags, its slices and its health/cordon history."""
+
+    card: CardView
+    node_ready: bool
+    node_cordoned: bool
+    numa_node: int | None
+    last_seen: datetime | None
+    history: list[AuditEvent]
+
+
+def card_detail(uuid: str) -> CardDetail | None:
+    """One card (three queries: card, slices, history), or None when no such card."""
+    extra = (
+        Card.objects.filter(uuid=uuid)
+        .values_list("node__ready", "node__cordoned", "numa_node", "last_seen")
+        .first()
+    )
+    if extra is None:
+        return None
+    cards = card_views(Card.objects.filter(uuid=uuid), Slice.objects.filter(card__uuid=uuid))
+    history = list(
+        AuditEvent.objects.filter(
+            target_type="card", target=uuid, action__in=CARD_HISTORY_ACTIONS
+        ).order_by("-at", "-id")[:100]
+    )
+    return CardDetail(cards[0], *extra, history)
+
+
+# --- bindings and pods ---------------------------------------------------------------------------
+
+BINDING_SORTS = {
+    "pod": ("name", "namespace"),
+    "namespace": ("namespace", "name"),
+    "node": ("node__name", "namespace", "name"),
+    "phase": ("phase", "namespace", "name"),
+    "created": ("created_at", "id"),
+}
+DEFAULT_BINDING_SORT = "-created"
+
+
+@dataclass(frozen=True, slots=True)
+class BindingFilters:
+    """What the bindings page and API filter by; empty strings mean "any"."""
+
+    q: str = ""
+    namespace: str = ""
+    node: str = ""
+    card: str = ""
+    phase: str = ""
+    sort: str = DEFAULT_BINDING_SORT
+
+
+def binding_queryset(f: BindingFilters) -> QuerySet[PodBinding]:
+    """Bindings matching the filters, sorted. `card` matches a card UUID the pod holds or held."""
+    qs = PodBinding.objects.all()
+    if f.q:
+        qs = qs.filter(name__icontains=f.q)
+    if f.namespace:
+        qs = qs.filter(namespace=f.namespace)
+    if f.node:
+        qs = qs.filter(node__name=f.node)
+    if f.phase:
+        qs = qs.filter(phase=f.phase)
+    if f.card:
+        qs = qs.filter(pk__in=Slice.objects.filter(card__uuid=f.card).values("binding_id"))
+    key = f.sort.lstrip("-")
+    order = BINDING_SORTS.get(key, BINDING_SORTS["created"])
+    if f.sort.startswith("-"):
+        order = tuple(f"-{o}" for o in order)
+    return qs.order_by(*order)
+
+
+@dataclass(slots=True)
+class BindingView:
+    """A binding row with the cards it holds (or held) and its totals."""
+
+    id: int
+    pod_uid: str
+    namespace: str
+    name: str
+    node_name: str | None
+    phase: str
+    reason: str
+    created_at: datetime
+    reserved_at: datetime | None
+    bound_at: datetime | None
+    released_at: datetime | None
+    slices: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(s["memory_mib"] for s in self.slices if not s["init"])
+
+    @property
+    def cores(self) -> int:
+        return sum(s["cores"] for s in self.slices if not s["init"])
+
+    @property
+    def cards(self) -> list[str]:
+        return sorted({s["card_uuid"] for s in self.slices})
+
+
+BINDING_FIELDS = (
+    "id",
+    "pod_uid",
+    "namespace",
+    "name",
+    "node__name",
+    "phase",
+    "reason",
+    "created_at",
+    "reserved_at",
+    "bound_at",
+    "released_at",
+)
+
+
+def binding_views(qs: QuerySet[PodBinding]) -> list[BindingView]:
+    """Bindings (one query) with their slices (one query)."""
+    bindings = [BindingView(*row) for row in qs.values_list(*BINDING_FIELDS)]
+    by_id = {b.id: b for b in bindings}
+    slices = Slice.objects.filter(binding_id__in=list(by_id)).order_by(
+        "binding_id", "init_container", "container_index", "card__index"
+    )
+    for row in slices.values_list(
+        "binding_id",
+        "container_name",
+        "container_index",
+        "init_container",
+        "card__uuid",
+        "card__index",
+        "card__node__name",
+        "memory_mib",
+        "compute_percent",
+        "active",
+    ):
+        by_id[row[0]].slices.append(
+            dict(
+                zip(
+                    (
+                        "container",
+                        "container_index",
+                        "init",
+                        "card_uuid",
+                        "card_index",
+                        "node",
+                        "memory_mib",
+                        "cores",
+                        "active",
+                    ),
+                    row[1:],
+                    strict=True,
+                )
+            )
+        )
+    return bindings
+
+
+def binding_page(f: BindingFilters, page: int | str = 1, per_page: int = PAGE_SIZE) -> Page:
+    """One page of bindings: three queries (count, rows, slices)."""
+    paginator = Paginator(binding_queryset(f), per_page)
+    current = paginator.get_page(page)
+    current.object_list = binding_views(current.object_list)
+    return current
+
+
+def binding_namespaces() -> list[str]:
+    """Namespaces that have (or had) bindings, for the filter's choices (one query)."""
+    return list(
+        PodBinding.objects.order_by("namespace").values_list("namespace", flat=True).distinct()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodDetail:
+    """What Tessera knows about one pod: its latest binding and its latest decision."""
+
+    namespace: str
+    name: str
+    binding: BindingView | None
+    decision: SchedulingDecision | None
+    earlier_bindings: int
+
+    @property
+    def why(self) -> str:
+        """Where the pod stands, in plain words."""
+        return explain_pod(self.binding, self.decision)
+
+
+def pod_detail(namespace: str, name: str) -> PodDetail:
+    """The pod's most recent binding and decision: four queries."""
+    bindings = PodBinding.objects.filter(namespace=namespace, name=name).order_by(
+        "-created_at", "-id"
+    )
+    views = binding_views(bindings[:1])
+    earlier = bindings.count() - len(views)
+    decision = (
+        SchedulingDecision.objects.filter(namespace=namespace, name=name)
+        .order_by("-decided_at", "-id")
+        .first()
+    )
+    return PodDetail(namespace, name, views[0] if views else None, decision, earlier)
+
+
+def explain_pod(binding: BindingView | None, decision: SchedulingDecision | None) -> str:
+    """A paragraph that says why a pod is (or is not) pending, for people, not machines."""
+    if binding is not None and binding.phase in ("bound", "allocated"):
+        where = f"on node {binding.node_name}" if binding.node_name else ""
+        state = "has its GPUs" if binding.phase == "allocated" else "is bound"
+        return (
+            f"Not pending: the pod {state} {where}, holding {binding.memory_mib} MiB and "
+            f"{binding.cores}% compute on {len(binding.cards)} card(s)."
+        )
+    if binding is not None and binding.phase == "reserved":
+        return (
+            f"Room is reserved on node {binding.node_name}; Tessera is waiting for the Kubernetes "
+            "API server to accept the pod's Binding. If it does not before the reservation's "
+            "deadline, the reconciler frees the room and the scheduler tries again."
+        )
+    if decision is not None and decision.outcome in ("unschedulable", "invalid", "bind_failed"):
+        text = decision.summary.strip() or "The scheduler found no node with room."
+        if decision.outcome == "unschedulable":
+            counts = sorted(decision.reason_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            if counts:
+                parts = ", ".join(f"{n} node(s): {code.replace('_', ' ')}" for code, n in counts)
+                text += f" Of {decision.nodes_considered} node(s) considered: {parts}."
+            return "Pending: " + text
+        if decision.outcome == "invalid":
+            return "Never schedulable as written: " + text + " Fix the pod's GPU request."
+        return "Pending: the last bind failed. " + text
+    if binding is not None and binding.phase in ("released", "failed"):
+        ended = "ended" if binding.phase == "released" else "failed to bind"
+        reason = f" ({binding.reason})" if binding.reason else ""
+        return f"Not pending: the pod {ended}{reason}; it holds no GPU now."
+    if decision is not None:
+        return f"Feasible nodes were found ({decision.summary.strip()}); waiting for the bind."
+    return (
+        "Tessera has no record of this pod: it asks for no managed GPU resource, or the "
+        "scheduler has not yet asked the extender about it."
+    )
+
+
+# --- quotas --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRow:
+    """A namespace's limits (None = unlimited) beside what it holds now."""
+
+    namespace: str
+    has_quota: bool
+    gpumem_mib: int | None
+    gpucores: int | None
+    gpus: int | None
+    used_memory_mib: int
+    used_cores: int
+    used_gpus: int
+    updated_at: datetime | None
+    updated_by: str
+
+    @property
+    def memory_percent(self) -> float | None:
+        return _percent(self.used_memory_mib, self.gpumem_mib) if self.gpumem_mib else None
+
+    @property
+    def cores_percent(self) -> float | None:
+        return _percent(self.used_cores, self.gpucores) if self.gpucores else None
+
+    @property
+    def gpus_percent(self) -> float | None:
+        return _percent(self.used_gpus, self.gpus) if self.gpus else None
+
+
+def usage_by_namespace(namespace: str | None = None) -> dict[str, Usage]:
+    """What every namespace's active bindings hold, in two queries.
+
+    The same arithmetic as `controlplane.ledger.selectors.namespace_usage` (the core's
+    `usage_of` over each pod's `claims_per_card`), for all namespaces at once: the database
+    sums app slices per namespace; pods with init slices get the core's correction.
+    """
+    qs = Slice.objects.filter(active=True, binding__phase__in=ACTIVE_PHASES)
+    if namespace is not None:
+        qs = qs.filter(binding__namespace=namespace)
+    totals: dict[str, Usage] = defaultdict(Usage)
+    app = (
+        qs.filter(init_container=False)
+        .order_by()
+        .values_list("binding__namespace")
+        .annotate(mem=Sum("memory_mib"), cores=Sum("compute_percent"), n=Count("id"))
+    )
+    for ns, memory, cores, n in plain_rows(app):
+        totals[ns].add(memory, cores, n, False)
+    for (ns,), _, _, delta in _init_corrections(qs, "binding__namespace"):
+        totals[ns].add(delta.memory_mib, delta.cores, delta.slots, False)
+    return totals
+
+
+def quota_rows(namespace: str | None = None) -> list[QuotaRow]:
+    """Every namespace with a quota or with usage (three queries), by namespace name."""
+    quotas = NamespaceQuota.objects.all()
+    if namespace is not None:
+        quotas = quotas.filter(namespace=namespace)
+    limits = {
+        q[0]: q[1:]
+        for q in quotas.values_list(
+            "namespace", "gpumem_mib", "gpucores", "gpus", "updated_at", "updated_by"
+        )
+    }
+    usage = usage_by_namespace(namespace)
+    rows = []
+    for ns in sorted(limits.keys() | usage.keys()):
+        mem, cores, gpus, updated_at, updated_by = limits.get(ns, (None, None, None, None, ""))
+        used = usage.get(ns) or Usage()
+        rows.append(
+            QuotaRow(
+                ns,
+                ns in limits,
+                mem,
+                cores,
+                gpus,
+                used.memory_mib,
+                used.cores,
+                used.slots,
+                updated_at,
+                updated_by,
+            )
+        )
+    return rows
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+
+def audit_queryset(action: str = "", target: str = "", actor: str = "") -> QuerySet[AuditEvent]:
+    """Audit events, newest first, filtered by exact action and target/actor substrings."""
+    qs = AuditEvent.objects.order_by("-at", "-id")
+    if action:
+        qs = qs.filter(action=action)
+    if target:
+        qs = qs.filter(target__icontains=target)
+    if actor:
+        qs = qs.filter(actor__icontains=actor)
+    return qs
+
+
+def audit_page(action: str = "", target: str = "", actor: str = "", page: int | str = 1) -> Page:
+    """One page of audit events (two queries: count, rows)."""
+    return Paginator(audit_queryset(action, target, actor), PAGE_SIZE).get_page(page)
+
+
+def audit_actions() -> list[str]:
+    """The actions recorded so far, for the filter's choices (one query)."""
+    return list(AuditEvent.objects.order_by("action").values_list("action", flat=True).distinct())
+
+
+# --- slices (operations API) ---------------------------------------------------------------------
+
+SLICE_API_FIELDS = {
+    "namespace": "binding__namespace",
+    "pod": "binding__name",
+    "pod_uid": "binding__pod_uid",
+    "phase": "binding__phase",
+    "container": "container_name",
+    "container_index": "container_index",
+    "init": "init_container",
+    "node": "card__node__name",
+    "card": "card__uuid",
+    "memory_mib": "memory_mib",
+    "compute_percent": "compute_percent",
+    "active": "active",
+}
+
+
+def slice_queryset(
+    node: str = "", card: str = "", namespace: str = "", pod: str = "", active: bool | None = True
+) -> QuerySet[Slice]:
+    """Slices by node, card UUID, namespace, pod name and active flag (None = any)."""
+    qs = Slice.objects.order_by("-binding_id", "init_container", "container_index", "id")
+    if node:
+        qs = qs.filter(card__node__name=node)
+    if card:
+        qs = qs.filter(card__uuid=card)
+    if namespace:
+        qs = qs.filter(binding__namespace=namespace)
+    if pod:
+        qs = qs.filter(binding__name=pod)
+    if active is not None:
+        qs = qs.filter(active=active)
+    return qs
+
+
+def slice_dicts(qs: QuerySet[Slice]) -> list[dict[str, Any]]:
+    """Rows of `slice_queryset` as plain dicts (one query)."""
+    names = list(SLICE_API_FIELDS)
+    return [
+        dict(zip(names, row, strict=True)) for row in qs.values_list(*SLICE_API_FIELDS.values())
+    ]
+
+
+def card_queryset(
+    node: str = "",
+    healthy: bool | None = None,
+    cordoned: bool | None = None,
+    present: bool | None = None,
+    model: str = "",
+) -> QuerySet[Card]:
+    """Cards by node name, flags and model substring, ordered by node and index."""
+    qs = Card.objects.order_by("node__name", "index", "id")
+    if node:
+        qs = qs.filter(node__name=node)
+    if healthy is not None:
+        qs = qs.filter(healthy=healthy)
+    if cordoned is not None:
+        qs = qs.filter(cordoned=cordoned)
+    if present is not None:
+        qs = qs.filter(present=present)
+    if model:
+        qs = qs.filter(model__icontains=model)
+    return qs
+
+
+def node_filter(
+    name: str = "",
+    ready: bool | None = None,
+    cordoned: bool | None = None,
+    healthy: bool | None = None,
+) -> QuerySet[Node]:
+    """Nodes for the API: name substring, flags; healthy = every card healthy and present."""
+    qs = Node.objects.order_by("name")
+    if name:
+        qs = qs.filter(name__icontains=name)
+    if ready is not None:
+        qs = qs.filter(ready=ready)
+    if cordoned is not None:
+        qs = qs.filter(cordoned=cordoned)
+    if healthy is not None:
+        sick = Card.objects.filter(Q(healthy=False) | Q(present=False)).values("node_id")
+        qs = qs.exclude(pk__in=sick) if healthy else qs.filter(pk__in=sick)
+    return qs
+
+
+# --- access (admin) ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserRow:
+    """A user with their Tessera role and token counts, for the admin's access page."""
+
+    username: str
+    role: str | None
+    is_active: bool
+    last_login: datetime | None
+    tokens_active: int
+
+
+def access_users() -> list[UserRow]:
+    """Every user with role and live token count (two queries)."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.access.roles import Role
+
+    # The same precedence as controlplane.access.roles.role_of, without a query per user.
+    ranked = [Role.ADMIN, Role.OPERATOR, Role.VIEWER, Role.NODE]
+    users = list(
+        get_user_model()
+        .objects.order_by("username")
+        .annotate(tokens_active=Count("api_tokens", filter=Q(api_tokens__revoked=False)))
+        .values_list("id", "username", "is_superuser", "is_active", "last_login", "tokens_active")
+    )
+    groups: dict[int, set[str]] = defaultdict(set)
+    through = get_user_model().groups.through
+    for user_id, name in through.objects.values_list("user_id", "group__name"):
+        groups[user_id].add(name)
+    rows = []
+    for user_id, username, superuser, active, last_login, tokens in users:
+        role = "admin" if superuser else None
+        if role is None:
+            held = [r.value for r in ranked if r.group_name in groups[user_id]]
+            role = held[0] if held else None
+        rows.append(UserRow(username, role, active, last_login, tokens))
+    return rows
+
+
+def access_tokens(limit: int = 200) -> list[dict[str, Any]]:
+    """The newest API tokens (digest never included), one query."""
+    from controlplane.access.models import ApiToken
+
+    return list(
+        ApiToken.objects.order_by("revoked", "-created_at").values(
+            "id",
+            "prefix",
+            "label",
+            "user__username",
+            "created_at",
+            "last_used_at",
+            "expires_at",
+            "revoked",
+        )[:limit]
+    )

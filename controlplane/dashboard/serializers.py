@@ -1,0 +1,182 @@
+"""Serializers of the operations API: validate and translate, nothing else.
+
+Input is strict: JSON integers for limits (not "12", 1.5 or true), a valid namespace name, and
+no fields the endpoint does not know (a typo such as `gpu_mem` must not silently mean
+"unlimited").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from controlplane.api.fields import StrictCharField, StrictIntegerField
+from controlplane.dashboard.services import MAX_QUOTA, QuotaLimitsInput
+from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
+
+LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
+
+
+class StrictFieldsMixin:
+    """Refuse fields the serializer does not declare, naming each."""
+
+    def validate_unknown(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        known = set(self.fields)  # type: ignore[attr-defined]
+        unknown = {
+            key: f"Unknown field; expected only {', '.join(sorted(known))}."
+            for key in data
+            if key not in known
+        }
+        if unknown:
+            raise serializers.ValidationError(unknown)
+
+    def to_internal_value(self, data: Any) -> Any:
+        self.validate_unknown(data)
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+def _limit(name: str, help_text: str) -> StrictIntegerField:
+    return StrictIntegerField(
+        min_value=0,
+        max_value=MAX_QUOTA[name],
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text=help_text + " Null = unlimited.",
+    )
+
+
+class UsageSerializer(serializers.Serializer):
+    gpumem_mib = serializers.IntegerField()
+    gpucores = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+
+
+class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
+    """A namespace quota: limits (null = unlimited) and, read-only, what the namespace holds."""
+
+    namespace = StrictCharField(max_length=63, help_text="Kubernetes namespace name (DNS label).")
+    gpumem_mib = _limit("gpumem_mib", "Total GPU memory in MiB over all slices.")
+    gpucores = _limit("gpucores", "Sum of compute percents over all slices.")
+    gpus = _limit("gpus", "Number of slices.")
+    usage = UsageSerializer(read_only=True)
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    updated_by = serializers.CharField(read_only=True)
+
+    def validate_namespace(self, value: str) -> str:
+        if not is_namespace(value):
+            raise serializers.ValidationError(
+                f"{value!r} is not a valid namespace name: {NAMESPACE_HELP}"
+            )
+        return value
+
+    def limits(self, base: QuotaLimitsInput | None = None) -> QuotaLimitsInput:
+        """The validated limits; with `base` (PATCH), fields not sent keep base's values."""
+        data = self.validated_data
+        sent = self.initial_data if isinstance(self.initial_data, dict) else {}
+        values = {}
+        for name in LIMIT_FIELDS:
+            if base is not None and name not in sent:
+                values[name] = getattr(base, name)
+            else:
+                values[name] = data.get(name)
+        return QuotaLimitsInput(**values)
+
+
+class QuotaLimitsSerializer(QuotaSerializer):
+    """PUT/PATCH body: the namespace comes from the URL (it may be repeated if it matches)."""
+
+    namespace = StrictCharField(max_length=63, required=False)
+
+
+class CordonSerializer(StrictFieldsMixin, serializers.Serializer):
+    reason = StrictCharField(
+        max_length=500, required=False, allow_blank=True, default="", help_text="For the audit log."
+    )
+
+
+class SliceOnCardSerializer(serializers.Serializer):
+    namespace = serializers.CharField()
+    pod = serializers.CharField()
+    pod_uid = serializers.CharField()
+    phase = serializers.CharField()
+    container = serializers.CharField()
+    init = serializers.BooleanField()
+    memory_mib = serializers.IntegerField()
+    cores = serializers.IntegerField()
+
+
+class CardSerializer(serializers.Serializer):
+    uuid = serializers.CharField()
+    node = serializers.CharField(source="node_name")
+    index = serializers.IntegerField()
+    model = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    compute_units = serializers.IntegerField()
+    slots = serializers.IntegerField()
+    healthy = serializers.BooleanField()
+    health_reason = serializers.CharField()
+    cordoned = serializers.BooleanField()
+    present = serializers.BooleanField()
+    memory_allocated_mib = serializers.IntegerField(source="usage.memory_mib")
+    compute_allocated = serializers.IntegerField(source="usage.cores")
+    slots_allocated = serializers.IntegerField(source="usage.slots")
+    exclusive = serializers.BooleanField(source="usage.exclusive")
+
+
+class CardDetailSerializer(CardSerializer):
+    slices = SliceOnCardSerializer(many=True)
+
+
+class NodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    ready = serializers.BooleanField()
+    cordoned = serializers.BooleanField()
+    last_heartbeat = serializers.DateTimeField(allow_null=True)
+    plugin_version = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    memory_allocated_mib = serializers.IntegerField()
+    cards = CardSerializer(many=True)
+
+
+class SliceSerializer(serializers.Serializer):
+    namespace = serializers.CharField()
+    pod = serializers.CharField()
+    pod_uid = serializers.CharField()
+    phase = serializers.CharField()
+    container = serializers.CharField()
+    container_index = serializers.IntegerField()
+    init = serializers.BooleanField()
+    node = serializers.CharField()
+    card = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    compute_percent = serializers.IntegerField()
+    active = serializers.BooleanField()
+
+
+class BindingSliceSerializer(serializers.Serializer):
+    container = serializers.CharField()
+    container_index = serializers.IntegerField()
+    init = serializers.BooleanField()
+    card = serializers.CharField(source="card_uuid")
+    node = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    compute_percent = serializers.IntegerField(source="cores")
+    active = serializers.BooleanField()
+
+
+class BindingSerializer(serializers.Serializer):
+    pod_uid = serializers.CharField()
+    namespace = serializers.CharField()
+    name = serializers.CharField()
+    node = serializers.CharField(source="node_name", allow_null=True)
+    phase = serializers.CharField()
+    reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    reserved_at = serializers.DateTimeField(allow_null=True)
+    bound_at = serializers.DateTimeField(allow_null=True)
+    released_at = serializers.DateTimeField(allow_null=True)
+    slices = BindingSliceSerializer(many=True)

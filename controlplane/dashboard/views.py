@@ -1,0 +1,312 @@
+"""Dashboard pages: thin views over the selectors (reads) and the services (writes).
+
+Every page needs a signed-in identity with the viewer role; cordons and quota edits need the
+operator role. Pages that change over time answer `?fragment=1` with only their live part,
+which htmx polls every few seconds (see templates/dashboard/*).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods, require_POST
+
+from controlplane.access.roles import Role, has_role
+from controlplane.dashboard import selectors, services
+from controlplane.dashboard.access import forbidden, role_required
+from controlplane.dashboard.charts import allocation_chart
+from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
+from controlplane.ledger.models import PodBinding
+from controlplane.ledger.services import ServiceError
+
+POLL_SECONDS = 5
+
+
+def _fragment(request: HttpRequest) -> bool:
+    return request.GET.get("fragment") == "1"
+
+
+def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    """Redirect to the form's `next` when it is a local URL, else to `default`."""
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = default
+    return HttpResponseRedirect(target or default)
+
+
+@role_required(Role.VIEWER)
+def overview(request: HttpRequest) -> HttpResponse:
+    """`/`: cluster totals, fragmentation, allocation over time, what needs attention."""
+    stats = selectors.cluster_overview()
+    samples = selectors.allocation_samples()
+    if services.sample_due(samples[-1] if samples else None):
+        samples.append(services.record_allocation_sample(stats))
+    chart = allocation_chart(samples)
+    context: dict[str, Any] = {
+        "stats": stats,
+        "chart": chart,
+        "poll": POLL_SECONDS,
+        "attention_cards": selectors.attention_cards(),
+        "pending": selectors.pending_pods(),
+    }
+    template = "dashboard/_overview_live.html" if _fragment(request) else "dashboard/overview.html"
+    return render(request, template, context)
+
+
+@role_required(Role.VIEWER)
+def nodes(request: HttpRequest) -> HttpResponse:
+    """`/nodes/`: every node (50 a page) with its cards drawn as bars split into slices."""
+    q = request.GET.get("q", "").strip()[:253]
+    state = request.GET.get("state", "all")
+    if state not in selectors.NODE_FILTERS:
+        state = "all"
+    page = selectors.node_page(request.GET.get("page", 1), q=q, state=state)
+    namespaces = sorted({s.namespace for n in page.object_list for c in n.cards for s in c.slices})
+    context = {
+        "page": page,
+        "q": q,
+        "state": state,
+        "states": selectors.NODE_FILTERS,
+        "namespaces": namespaces,
+        "poll": POLL_SECONDS,
+    }
+    template = "dashboard/_nodes_live.html" if _fragment(request) else "dashboard/nodes.html"
+    return render(request, template, context)
+
+
+@role_required(Role.VIEWER)
+def node(request: HttpRequest, name: str) -> HttpResponse:
+    """`/nodes/<name>/`: one node and its cards."""
+    view = selectors.node_detail(name)
+    if view is None:
+        raise Http404(f"no node {name}")
+    context = {"node": view, "poll": POLL_SECONDS}
+    template = "dashboard/_node_live.html" if _fragment(request) else "dashboard/node.html"
+    return render(request, template, context)
+
+
+def _cordon(request: HttpRequest, apply: Any, default: str) -> HttpResponse:
+    if not has_role(request.user, Role.OPERATOR):
+        return forbidden(request, Role.OPERATOR)
+    form = CordonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose cordon or uncordon.")
+        return _back(request, default)
+    cordoned = form.cleaned_data["action"] == "cordon"
+    try:
+        apply(cordoned, request.user.get_username(), form.cleaned_data["reason"])
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{form.cleaned_data['action'].capitalize()}ed.")
+    return _back(request, default)
+
+
+@require_POST
+@role_required(Role.VIEWER)
+def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    """POST `/nodes/<name>/cordon/` (operator): cordon or uncordon a node."""
+    return _cordon(
+        request,
+        lambda on, actor, reason: services.set_node_cordon(name, on, actor, reason),
+        reverse("dashboard:node", args=[name]),
+    )
+
+
+@role_required(Role.VIEWER)
+def card(request: HttpRequest, uuid: str) -> HttpResponse:
+    """`/cards/<uuid>/`: a card's slices, pods and health history."""
+    detail = selectors.card_detail(uuid)
+    if detail is None:
+        raise Http404(f"no card {uuid}")
+    context = {"detail": detail, "card": detail.card, "poll": POLL_SECONDS}
+    template = "dashboard/_card_live.html" if _fragment(request) else "dashboard/card.html"
+    return render(request, template, context)
+
+
+@require_POST
+@role_required(Role.VIEWER)
+def card_cordon(request: HttpRequest, uuid: str) -> HttpResponse:
+    """POST `/cards/<uuid>/cordon/` (operator): cordon or uncordon a card."""
+    return _cordon(
+        request,
+        lambda on, actor, reason: services.set_card_cordon(uuid, on, actor, reason),
+        reverse("dashboard:card", args=[uuid]),
+    )
+
+
+@role_required(Role.VIEWER)
+def bindings(request: HttpRequest) -> HttpResponse:
+    """`/bindings/`: pod <-> card bindings, searchable, filterable, sortable, 50 a page."""
+    get = request.GET
+    phase = get.get("phase", "")
+    sort = get.get("sort", selectors.DEFAULT_BINDING_SORT)
+    if sort.lstrip("-") not in selectors.BINDING_SORTS:
+        sort = selectors.DEFAULT_BINDING_SORT
+    filters = selectors.BindingFilters(
+        q=get.get("q", "").strip()[:253],
+        namespace=get.get("namespace", "").strip()[:63],
+        node=get.get("node", "").strip()[:253],
+        card=get.get("card", "").strip()[:64],
+        phase=phase if phase in PodBinding.Phase.values else "",
+        sort=sort,
+    )
+    context = {
+        "page": selectors.binding_page(filters, get.get("page", 1)),
+        "filters": filters,
+        "namespaces": selectors.binding_namespaces(),
+        "phases": PodBinding.Phase.values,
+        "sorts": [
+            ("pod", "Pod"),
+            ("namespace", "Namespace"),
+            ("node", "Node"),
+            ("phase", "Phase"),
+            ("created", "Created"),
+        ],
+    }
+    return render(request, "dashboard/bindings.html", context)
+
+
+@role_required(Role.VIEWER)
+def pod(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
+    """`/pods/<namespace>/<name>/`: allocation per container, decision log, why pending."""
+    detail = selectors.pod_detail(namespace, name)
+    status = 404 if detail.binding is None and detail.decision is None else 200
+    return render(request, "dashboard/pod.html", {"pod": detail}, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.VIEWER)
+def quotas(request: HttpRequest) -> HttpResponse:
+    """`/quotas/`: usage against limits per namespace; operators set and remove quotas."""
+    form = QuotaForm()
+    status = 200
+    if request.method == "POST":
+        if not has_role(request.user, Role.OPERATOR):
+            return forbidden(request, Role.OPERATOR)
+        actor = request.user.get_username()
+        if request.POST.get("action") == "delete":
+            try:
+                services.delete_quota(request.POST.get("namespace", ""), actor)
+            except ServiceError as exc:
+                messages.error(request, exc.message)
+            else:
+                messages.success(request, f"Quota of {request.POST['namespace']} removed.")
+            return HttpResponseRedirect(reverse("dashboard:quotas"))
+        form = QuotaForm(request.POST)
+        if form.is_valid():
+            try:
+                quota, created = services.set_quota(
+                    form.cleaned_data["namespace"], form.limits(), actor
+                )
+            except ServiceError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                verb = "created" if created else "updated"
+                messages.success(request, f"Quota of {quota.namespace} {verb}.")
+                return HttpResponseRedirect(reverse("dashboard:quotas"))
+        status = 400
+    context = {"rows": selectors.quota_rows(), "form": form}
+    return render(request, "dashboard/quotas.html", context, status=status)
+
+
+@role_required(Role.VIEWER)
+def audit(request: HttpRequest) -> HttpResponse:
+    """`/audit/`: every recorded change, newest first, filterable by action, target and actor."""
+    action = request.GET.get("action", "").strip()[:64]
+    target = request.GET.get("target", "").strip()[:253]
+    actor = request.GET.get("actor", "").strip()[:150]
+    context = {
+        "page": selectors.audit_page(action, target, actor, request.GET.get("page", 1)),
+        "action": action,
+        "target": target,
+        "actor": actor,
+        "actions": selectors.audit_actions(),
+    }
+    return render(request, "dashboard/audit.html", context)
+
+
+@role_required(Role.VIEWER)
+def api_docs(request: HttpRequest) -> HttpResponse:
+    """`/api/docs/`: the OpenAPI schema's paths and operations as a plain page (no CDN)."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    operations = []
+    for path, item in sorted(schema.get("paths", {}).items()):
+        for method, op in item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            operations.append(
+                {
+                    "path": path,
+                    "method": method.upper(),
+                    "summary": op.get("summary") or op.get("operationId", ""),
+                    "description": op.get("description", ""),
+                    "parameters": [
+                        f"{p.get('name')} ({p.get('in')})" for p in op.get("parameters", [])
+                    ],
+                }
+            )
+    return render(
+        request, "dashboard/api_docs.html", {"operations": operations, "info": schema["info"]}
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.ADMIN)
+def access(request: HttpRequest) -> HttpResponse:
+    """`/access/` (admin): users and their roles, API tokens; grant roles, issue and revoke tokens.
+
+    A new token is shown once, in the answer to the POST that made it (never stored or redirected
+    through the session), and the page is marked not to be cached.
+    """
+    form = GrantRoleForm()
+    new_token = None
+    status = 200
+    if request.method == "POST":
+        actor = request.user.get_username()
+        if request.POST.get("action") == "revoke":
+            token_id = request.POST.get("token", "")
+            try:
+                services.revoke_token(int(token_id) if token_id.isdigit() else -1, actor)
+            except ServiceError as exc:
+                messages.error(request, exc.message)
+            else:
+                messages.success(request, "Token revoked.")
+            return HttpResponseRedirect(reverse("dashboard:access"))
+        form = GrantRoleForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            role = Role(data["role"])
+            try:
+                if data["issue_token"]:
+                    new_token = services.issue_token(
+                        data["username"], role, data["token_label"], actor
+                    )
+                else:
+                    services.grant_user_role(data["username"], role, actor)
+            except ServiceError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+                status = 400
+            else:
+                messages.success(request, f"{data['username']} now holds the {role} role.")
+                form = GrantRoleForm()
+        else:
+            status = 400
+    context = {
+        "form": form,
+        "new_token": new_token,
+        "users": selectors.access_users(),
+        "tokens": selectors.access_tokens(),
+    }
+    response = render(request, "dashboard/access.html", context, status=status)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,408 @@
+"""Dashboard pages: sign-in, roles on every page and action, CSRF, content, live fragments."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from controlplane.access.roles import Role
+from controlplane.dashboard.models import AllocationSample
+from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node
+from controlplane.ledger.services import InventoryReport, apply_inventory
+from tests.builders import card_report
+from tests.dashboard.builders import (
+    PASSWORD,
+    decision,
+    gpu_container,
+    make_node,
+    person,
+    pod,
+    signed_in,
+)
+
+pytestmark = pytest.mark.django_db
+
+PAGES = [
+    "/",
+    "/?fragment=1",
+    "/nodes/",
+    "/nodes/?fragment=1",
+    "/nodes/n1/",
+    "/cards/GPU-n1-0/",
+    "/bindings/",
+    "/pods/team-a/train-0/",
+    "/quotas/",
+    "/audit/",
+    "/api/docs/",
+]
+
+
+@pytest.fixture
+def cluster() -> None:
+    make_node("n1", cards=2, memory_mib=81920)
+    make_node("n2", cards=1, memory_mib=24576, model="NVIDIA L4")
+    pod("train-0", "n1", gpu_container("trainer", mem=20480, cores=50), namespace="team-a")
+    pod("infer-0", "n1", gpu_container("server", mem=8192, cores=20), namespace="team-b")
+    pod("infer-1", "n2", gpu_container("server", mem=8192, cores=20), namespace="team-b")
+    decision("queued", namespace="team-c", summary="No card has 90000 MiB free.")
+
+
+def state() -> tuple[Any, ...]:
+    return (
+        list(NamespaceQuota.objects.values_list("namespace", "gpumem_mib", "gpucores", "gpus")),
+        list(Node.objects.values_list("name", "cordoned")),
+        list(Card.objects.values_list("uuid", "cordoned")),
+        AuditEvent.objects.count(),
+    )
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_anonymous_is_sent_to_login(cluster: None, url: str) -> None:
+    response = Client().get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_identity_without_human_role_gets_403(cluster: None, url: str) -> None:
+    for client in (signed_in(None, "plain-user"), signed_in(Role.NODE, "n1")):
+        response = client.get(url)
+        assert response.status_code == 403
+        assert b"viewer" in response.content
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_viewer_sees_every_page(cluster: None, url: str) -> None:
+    response = signed_in(Role.VIEWER).get(url)
+    assert response.status_code == 200, url
+    assert b"<html" in response.content or url.endswith("fragment=1")
+
+
+def test_login_and_logout() -> None:
+    person("vera", Role.VIEWER)
+    client = Client(enforce_csrf_checks=True)
+    page = client.get("/login/")
+    assert page.status_code == 200 and b'name="password"' in page.content
+    token = page.cookies["csrftoken"].value
+    bad = client.post(
+        "/login/", {"username": "vera", "password": "nope", "csrfmiddlewaretoken": token}
+    )
+    assert bad.status_code == 200 and b"didn't match" in bad.content
+    ok = client.post(
+        "/login/",
+        {"username": "vera", "password": PASSWORD, "csrfmiddlewaretoken": token, "next": "/nodes/"},
+    )
+    assert ok.status_code == 302 and ok["Location"] == "/nodes/"
+    assert client.get("/nodes/").status_code == 200
+    assert client.get("/logout/").status_code == 405  # logout is a POST
+    out = client.post("/logout/", {"csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    assert out.status_code == 302
+    assert client.get("/nodes/").status_code == 302
+
+
+def test_overview_figures(cluster: None) -> None:
+    body = signed_in(Role.VIEWER).get("/").content.decode()
+    assert re.search(r'data-stat="cards">\s*3<', body)
+    assert re.search(r'data-stat="slices">\s*3<', body)
+    assert re.search(r'data-stat="pending">\s*1<', body)
+    assert "36 GiB of 184 GiB" in body  # 20480+8192+8192 MiB of 2x80 GiB + 24 GiB
+    assert "team-c/queued" in body and "No card has 90000 MiB free." in body
+    assert 'hx-trigger="every 5s"' in body
+    assert "<svg" in body and "Allocation over the last 6 hours" in body
+
+
+def test_overview_records_one_sample_a_minute(cluster: None, monkeypatch: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    client = signed_in(Role.VIEWER)
+    start = timezone.now().replace(second=5)
+    monkeypatch.setattr(timezone, "now", lambda: start)  # no minute boundary mid-test
+    client.get("/")
+    client.get("/?fragment=1")
+    assert AllocationSample.objects.count() == 1
+    monkeypatch.setattr(timezone, "now", lambda: start + timedelta(minutes=1))
+    client.get("/?fragment=1")
+    assert AllocationSample.objects.count() == 2
+    monkeypatch.setattr(timezone, "now", lambda: start)
+    assert AllocationSample.objects.order_by("bucket").first().memory_allocated_mib == 36864
+
+
+def test_live_fragment_is_only_the_live_part(cluster: None) -> None:
+    client = signed_in(Role.VIEWER)
+    fragment = client.get("/?fragment=1").content.decode()
+    assert fragment.lstrip().startswith('<div id="overview-live"')
+    assert "<html" not in fragment
+    pod("late", "n2", gpu_container(mem=1024), namespace="team-d")
+    assert re.search(r'data-stat="slices">\s*4<', client.get("/?fragment=1").content.decode())
+
+
+def test_nodes_page_draws_cards_split_into_slices(cluster: None) -> None:
+    body = signed_in(Role.VIEWER).get("/nodes/").content.decode()
+    n1 = body[body.index('data-node="n1"') : body.index('data-node="n2"')]
+    assert n1.count('class="cardrow') == 2
+    assert 'data-pod="team-a/train-0"' in n1 and 'data-pod="team-b/infer-0"' in n1
+    assert "team-a/train-0 · container trainer · 20480 MiB · 50%" in n1
+    assert re.search(r'style="width: 25\.0%" data-pod="team-a/train-0"', n1)  # 20480/81920
+    assert "NVIDIA L4" in body
+
+
+def test_nodes_page_paginates_50_and_filters() -> None:
+    for i in range(53):
+        apply_inventory(
+            f"node-{i:03d}",
+            InventoryReport("t", (card_report(f"GPU-{i}"),)),
+            "test",
+        )
+    client = signed_in(Role.VIEWER)
+    first = client.get("/nodes/").content.decode()
+    assert first.count('class="node panel') == 50 and "page 1 of 2" in first
+    second = client.get("/nodes/?page=2").content.decode()
+    assert second.count('class="node panel') == 3
+    only = client.get("/nodes/?q=node-007").content.decode()
+    assert only.count('class="node panel') == 1
+    Card.objects.filter(uuid="GPU-9").update(healthy=False)
+    unhealthy = client.get("/nodes/?state=unhealthy").content.decode()
+    assert unhealthy.count('class="node panel') == 1 and 'data-node="node-009"' in unhealthy
+
+
+def test_card_page_shows_slices_and_health_history(cluster: None) -> None:
+    apply_inventory(
+        "n1",
+        InventoryReport(
+            "t",
+            (
+                card_report("GPU-n1-0", 0, healthy=False, health_reason="XID 79: fell off the bus"),
+                card_report("GPU-n1-1", 1),
+            ),
+        ),
+        "n1",
+    )
+    body = signed_in(Role.VIEWER).get("/cards/GPU-n1-0/").content.decode()
+    assert "XID 79: fell off the bus" in body
+    assert "unhealthy" in body
+    assert "/pods/team-a/train-0/" in body or "/pods/team-b/infer-0/" in body
+    assert signed_in(Role.VIEWER, "v2").get("/cards/GPU-none/").status_code == 404
+
+
+def test_viewer_sees_no_controls_and_cannot_post(cluster: None) -> None:
+    client = signed_in(Role.VIEWER)
+    assert b"Cordon card" not in client.get("/cards/GPU-n1-0/").content
+    assert b"Cordon node" not in client.get("/nodes/n1/").content
+    quotas = client.get("/quotas/").content
+    assert b"Save quota" not in quotas and b"quota-form" not in quotas
+    before = state()
+    assert client.post("/quotas/", {"namespace": "team-a", "gpus": "1"}).status_code == 403
+    assert client.post("/quotas/", {"action": "delete", "namespace": "x"}).status_code == 403
+    assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
+    assert client.post("/nodes/n1/cordon/", {"action": "cordon"}).status_code == 403
+    assert state() == before
+
+
+def test_operator_cordons_card_and_node(cluster: None) -> None:
+    client = signed_in(Role.OPERATOR, "otto")
+    page = client.get("/cards/GPU-n1-0/").content
+    assert b"Cordon card" in page
+    response = client.post(
+        "/cards/GPU-n1-0/cordon/", {"action": "cordon", "reason": "ECC errors", "next": "/nodes/"}
+    )
+    assert response.status_code == 302 and response["Location"] == "/nodes/"
+    assert Card.objects.get(uuid="GPU-n1-0").cordoned
+    assert b"Uncordon card" in client.get("/cards/GPU-n1-0/").content
+    client.post("/nodes/n1/cordon/", {"action": "cordon", "next": "https://evil.example/"})
+    assert Node.objects.get(name="n1").cordoned
+    client.post("/nodes/n1/cordon/", {"action": "uncordon"})
+    assert not Node.objects.get(name="n1").cordoned
+    events = list(
+        AuditEvent.objects.filter(action__contains="cordon")
+        .order_by("id")
+        .values_list("actor", "action")
+    )
+    assert events == [("otto", "card-cordon"), ("otto", "node-cordon"), ("otto", "node-uncordon")]
+    history = client.get("/cards/GPU-n1-0/").content.decode()
+    assert "cordon" in history and "ECC errors" in history
+
+
+def test_unsafe_next_is_ignored(cluster: None) -> None:
+    client = signed_in(Role.OPERATOR)
+    response = client.post(
+        "/nodes/n1/cordon/", {"action": "cordon", "next": "https://evil.example/"}
+    )
+    assert response["Location"] == "/nodes/n1/"
+
+
+def test_forms_need_csrf(cluster: None) -> None:
+    person("olga", Role.OPERATOR)
+    client = Client(enforce_csrf_checks=True)
+    client.login(username="olga", password=PASSWORD)
+    before = state()
+    assert client.post("/quotas/", {"namespace": "team-a", "gpus": "1"}).status_code == 403
+    assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
+    assert state() == before
+
+
+def test_operator_edits_quotas(cluster: None) -> None:
+    client = signed_in(Role.OPERATOR, "otto")
+    ok = client.post(
+        "/quotas/", {"namespace": "team-a", "gpumem_mib": "40960", "gpucores": "", "gpus": "4"}
+    )
+    assert ok.status_code == 302
+    assert list(
+        NamespaceQuota.objects.values_list("namespace", "gpumem_mib", "gpucores", "gpus")
+    ) == [("team-a", 40960, None, 4)]
+    page = client.get("/quotas/").content.decode()
+    row = page[page.index('data-namespace="team-a"') :]
+    row = row.split("</tr>")[0]
+    assert "20 GiB / 40 GiB" in row and "50%" in row  # usage against the limit
+    assert "1 / 4" in row
+    assert 'data-namespace="team-b"' in page  # usage without a quota is listed too
+    for bad, field in [
+        ({"namespace": "Team_A", "gpus": "1"}, "namespace"),
+        ({"namespace": "team-a", "gpus": "-1"}, "gpus"),
+        ({"namespace": "team-a", "gpumem_mib": "lots"}, "gpumem_mib"),
+    ]:
+        before = state()
+        response = client.post("/quotas/", bad)
+        assert response.status_code == 400
+        assert f'data-error-for="{field}"' in response.content.decode()
+        assert state() == before
+    client.post("/quotas/", {"action": "delete", "namespace": "team-a"})
+    assert not NamespaceQuota.objects.exists()
+    assert list(AuditEvent.objects.filter(target_type="quota").values_list("actor", flat=True)) == [
+        "otto",
+        "otto",
+    ]
+
+
+def test_bindings_search_filter_sort_and_paginate(cluster: None) -> None:
+    make_node("n3", cards=8, memory_mib=10000)
+    for i in range(55):
+        pod(f"batch-{i:02d}", "n3", gpu_container(mem=10), namespace="team-e")
+    client = signed_in(Role.VIEWER)
+
+    def names(query: str) -> list[str]:
+        body = client.get(f"/bindings/{query}").content.decode()
+        return re.findall(r'data-binding="([^"]+)"', body)
+
+    assert names("?namespace=team-b&sort=pod") == ["team-b/infer-0", "team-b/infer-1"]
+    assert names("?q=train") == ["team-a/train-0"]
+    assert names("?node=n1&sort=-pod") == ["team-a/train-0", "team-b/infer-0"]
+    assert names("?card=GPU-n2-0&namespace=team-b") == ["team-b/infer-1"]
+    assert names("?phase=released") == []
+    page1 = names("?namespace=team-e&sort=pod")
+    assert len(page1) == 50 and page1[0] == "team-e/batch-00"
+    assert names("?namespace=team-e&sort=pod&page=2") == [
+        f"team-e/batch-{i}" for i in range(50, 55)
+    ]
+    body = client.get("/bindings/?namespace=team-e&sort=pod").content.decode()
+    assert "page 1 of 2" in body and "sort=-pod" in body  # header link flips direction
+
+
+def test_pod_page_explains_pending(cluster: None) -> None:
+    client = signed_in(Role.VIEWER)
+    queued = client.get("/pods/team-c/queued/").content.decode()
+    assert "Pending: No card has 90000 MiB free." in queued
+    running = client.get("/pods/team-a/train-0/").content.decode()
+    assert "Not pending" in running and "trainer" in running and "20480 MiB" in running
+    assert client.get("/pods/team-z/ghost/").status_code == 404
+
+
+def test_audit_page_filters(cluster: None) -> None:
+    AuditEvent.objects.create(actor="ann", action="quota-set", target_type="quota", target="t-1")
+    client = signed_in(Role.VIEWER)
+    body = client.get("/audit/?action=quota-set").content.decode()
+    assert "t-1" in body and "node-registered" not in body.split("<tbody>")[1]
+    assert "t-1" not in client.get("/audit/?target=n1").content.decode().split("<tbody>")[1]
+    assert "ann" in client.get("/audit/?actor=an").content.decode()
+
+
+def test_api_docs_lists_operations(cluster: None) -> None:
+    body = signed_in(Role.VIEWER).get("/api/docs/").content.decode()
+    assert "/api/v1/quotas/{namespace}/" in body and "PATCH" in body
+    assert "/api/v1/bindings/" in body
+
+
+def test_page_query_counts_do_not_grow(cluster: None, monkeypatch: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.dashboard import services
+
+    client = signed_in(Role.VIEWER)
+    urls = ["/", "/nodes/", "/bindings/", "/quotas/", "/audit/", "/cards/GPU-n1-0/"]
+    # The first view of each minute also writes a sample: keep that write out of the counts.
+    monkeypatch.setattr(services, "sample_due", lambda *args, **kwargs: False)
+
+    def counts() -> list[int]:
+        out = []
+        for url in urls:
+            with CaptureQueriesContext(connection) as ctx:
+                client.get(url)
+            out.append(len(ctx.captured_queries))
+        return out
+
+    small = counts()
+    for i in range(6):
+        make_node(f"more-{i}", cards=4, memory_mib=10000)
+        for j in range(4):
+            pod(f"m{i}-{j}", f"more-{i}", gpu_container(mem=500), namespace=f"ns-{j}")
+        decision(f"w{i}", namespace="team-c")
+    assert counts() == small
+
+
+def test_expired_session_poll_sends_the_tab_to_login(cluster: None) -> None:
+    response = Client().get(
+        "/?fragment=1", HTTP_HX_REQUEST="true", HTTP_HX_CURRENT_URL="http://testserver/nodes/"
+    )
+    assert response.status_code == 204
+    assert response["HX-Redirect"].startswith("/login/?next=")
+    assert "nodes" in response["HX-Redirect"]
+
+
+def test_access_page_is_for_admins_only(cluster: None) -> None:
+    for role in (Role.VIEWER, Role.OPERATOR):
+        client = signed_in(role)
+        assert client.get("/access/").status_code == 403
+        response = client.post("/access/", {"username": "eve", "role": "admin"})
+        assert response.status_code == 403
+    assert not AuditEvent.objects.filter(action="role-grant").exists()
+    from django.contrib.auth import get_user_model
+
+    assert not get_user_model().objects.filter(username="eve").exists()
+    assert b"Access" not in signed_in(Role.OPERATOR, "op2").get("/").content.split(b"</nav>")[0]
+
+
+def test_admin_grants_roles_issues_and_revokes_tokens(cluster: None) -> None:
+    from django.contrib.auth import get_user_model
+
+    from controlplane.access.models import ApiToken
+    from controlplane.access.roles import role_of
+
+    client = signed_in(Role.ADMIN, "root")
+    assert client.get("/access/").status_code == 200
+    assert client.post("/access/", {"username": "pat", "role": "operator"}).status_code == 200
+    assert role_of(get_user_model().objects.get(username="pat")).value == "operator"
+    issued = client.post(
+        "/access/",
+        {"username": "prometheus", "role": "viewer", "token_label": "scrape", "issue_token": "on"},
+    )
+    assert issued["Cache-Control"] == "no-store"
+    token = re.search(r'id="new-token">(tsr_[^<]+)<', issued.content.decode()).group(1)
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.get("/metrics").status_code == 200
+    row = ApiToken.objects.get(user__username="prometheus")
+    assert client.post("/access/", {"action": "revoke", "token": str(row.pk)}).status_code == 302
+    assert api.get("/metrics").status_code == 401
+    assert b"tsr_" not in client.get("/access/").content.split(b'id="tokens"')[0]  # shown once
+    actions = list(AuditEvent.objects.filter(actor="root").values_list("action", flat=True))
+    assert sorted(actions) == ["role-grant", "token-create", "token-revoke"]
+    assert token not in str(list(AuditEvent.objects.values_list("details", flat=True)))
+    bad = client.post("/access/", {"username": "bad name!", "role": "viewer"})
+    assert bad.status_code == 400 and b'data-error-for="username"' in bad.content
