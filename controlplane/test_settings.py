@@ -6,7 +6,16 @@ and PostgreSQL (CI sets DATABASE_URL=postgres://...).
 
 from controlplane.settings import *  # noqa: F403
 
+import os
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# On SQLite the test database is a file, not memory, so that processes the tests start (a Celery
+# worker, gunicorn) can open it too; one per test run, so parallel runs never share one.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": str(LOCAL_DIR / f"test-{os.getpid()}.sqlite3")  # noqa: F405
+    }
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -23,4 +32,5 @@ TESSERA = {  # noqa: F405
     "ALLOCATION_KEY_FILE": "",
     "FILTER_SNAPSHOT_TTL_MS": 0,
     "SERVE_EXTENDER": True,
+    "DECISION_LOG_ASYNC": False,
 }

@@ -48,6 +48,9 @@ class ClusterSource(Protocol):
     def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[PodEvent]:
         """Pod events after `resource_version` for up to `timeout_s`; raises WatchExpired."""
 
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        """One pod by name (None when absent); callers compare the UID."""
+
     def list_node_names(self) -> set[str]:
         """Names of the cluster's nodes."""
 

@@ -118,6 +118,13 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
                 else:
                     seen[event.pod.uid] = event.pod
                     deleted.discard(event.pod.uid)
+            # Deadlines pass without any event: look up the pods of expired reservations too.
+            for uid, namespace, name in services.expired_reservations(exclude=seen.keys()):
+                pod = source.get_pod(namespace, name)
+                if pod is None or pod.uid != uid:  # gone, or a newer pod of the same name
+                    deleted.add(uid)
+                else:
+                    seen[uid] = pod
             drift += services.reconcile_pods(
                 seen.values(),
                 listed_at=timezone.now(),
