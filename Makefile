@@ -64,7 +64,7 @@ test-python: venv
 	echo "== pytest on SQLite" && \
 	env -u DATABASE_URL $(PY) -m pytest && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
-	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler
+	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender
 
 services:
 	@scripts/services.sh up
@@ -72,9 +72,13 @@ services:
 services-down:
 	@scripts/services.sh down
 
+# Every benchmark prints its figures (medians/p99 and ratios); see each script's docstring.
 bench: venv
 	$(PY) bench/bench_core.py
+	@eval "$$(scripts/services.sh up)" && \
+	$(PY) bench/bench_extender.py --database-url "$$TEST_POSTGRES_URL" || true
 	$(PY) bench/bench_reconcile.py
+	$(PY) bench/bench_dashboard.py
 	$(PY) bench/bench_nodeplugin.py
 	$(MAKE) -C shim bench
 

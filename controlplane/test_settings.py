@@ -4,9 +4,9 @@ The database still comes from DATABASE_URL, so the same suite runs against SQLit
 and PostgreSQL (CI sets DATABASE_URL=postgres://...).
 """
 
-from controlplane.settings import *  # noqa: F403
-
 import os
+
+from controlplane.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -26,7 +26,7 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405
 
 # A fixed, public test key for the allocation signature (never a production key), and no
 # snapshot cache: each filter reads the committed ledger (tests of the cache switch it on).
-TESSERA = {  # noqa: F405
+TESSERA = {
     **TESSERA,  # noqa: F405
     "ALLOCATION_KEY": "tessera-test-allocation-key-0123456789abcdef",
     "ALLOCATION_KEY_FILE": "",

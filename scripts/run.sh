@@ -20,10 +20,9 @@ if [ "$mode" = "embedded" ]; then
   echo "run: no cluster configured: embedded Kubernetes stand-in, demo workload and reconciler"
   $PY manage.py reconcile --loop &
   pids+=($!)
-  if $PY manage.py demo --help 2>/dev/null | grep -q -- "--workload"; then
-    TESSERA_DEMO_URL="http://127.0.0.1:$PORT" $PY manage.py demo --workload &
-    pids+=($!)
-  fi
+  # Simulated pods go through the real extender endpoints over HTTP (waits for /healthz).
+  $PY manage.py demo --url "http://127.0.0.1:$PORT" &
+  pids+=($!)
 else
   echo "run: cluster mode '$mode': start the reconciler with 'make worker' and 'make beat'"
 fi

@@ -295,18 +295,6 @@ def _overcommitted(node_name: str, uuids: set[str]) -> list[str]:
     return out
 
 
-def expired_reservations(
-    now: datetime | None = None, exclude: Iterable[str] = ()
-) -> list[tuple[str, str, str]]:
-    """(uid, namespace, name) of reservations past their deadline: a bind whose process died
-    before (or while) calling the API server. The reconciler settles each by the pod's state."""
-    rows = PodBinding.objects.filter(
-        phase=PodBinding.Phase.RESERVED, deadline__lte=now or timezone.now()
-    ).values_list("pod_uid", "namespace", "name")
-    skip = set(exclude)
-    return [row for row in rows if row[0] not in skip]
-
-
 def mark_stale_nodes(now: datetime | None = None) -> int:
     """Nodes whose plugin has been silent too long are not ready: no new slices land there.
 

@@ -23,6 +23,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.extender.selectors import expired_reservations
 from controlplane.reconciler import services, sources
 from controlplane.reconciler.models import ReconcileRun
 from controlplane.reconciler.source import ClusterSource, TemporaryError, WatchExpired
@@ -119,12 +120,14 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
                     seen[event.pod.uid] = event.pod
                     deleted.discard(event.pod.uid)
             # Deadlines pass without any event: look up the pods of expired reservations too.
-            for uid, namespace, name in services.expired_reservations(exclude=seen.keys()):
-                pod = source.get_pod(namespace, name)
-                if pod is None or pod.uid != uid:  # gone, or a newer pod of the same name
-                    deleted.add(uid)
+            for expired in expired_reservations(timezone.now()):
+                if expired.pod_uid in seen:
+                    continue
+                pod = source.get_pod(expired.namespace, expired.name)
+                if pod is None or pod.uid != expired.pod_uid:  # gone, or a newer namesake
+                    deleted.add(expired.pod_uid)
                 else:
-                    seen[uid] = pod
+                    seen[pod.uid] = pod
             drift += services.reconcile_pods(
                 seen.values(),
                 listed_at=timezone.now(),

@@ -1,9 +1,15 @@
-"""`manage.py demo --setup-only`: the embedded demo's inventory and admin user.
+"""`manage.py demo`: the embedded demo (DESIGN §7).
 
-With no cluster configured (TESSERA_KUBE_MODE resolves to `embedded`), `make run` calls this to
-register a few simulated GPU nodes through the same inventory service node plugins use, and to
-create an admin user so the operator can sign in. Against a real cluster it only makes sure an
-admin exists. Idempotent: rerunning changes nothing but the nodes' heartbeats.
+`--setup-only`: with no cluster configured (TESSERA_KUBE_MODE resolves to `embedded`), register a
+few simulated GPU nodes through the same inventory service node plugins use, and create an admin
+user so the operator can sign in. Against a real cluster it only makes sure an admin exists.
+Idempotent: rerunning changes nothing but the nodes' heartbeats.
+
+Without it (embedded mode only), after the same set-up it runs a living workload: simulated pods
+arrive in the embedded Kubernetes stand-in, go through the real extender endpoints over HTTP on
+loopback exactly as kube-scheduler calls them (filter -> prioritize -> bind), run for a while
+and end (deleted, their bindings released), while the demo nodes keep reporting like node
+plugins. `--url` is the running control plane (`make run` serves it on 127.0.0.1:$PORT).
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.access.roles import Role
 from controlplane.access.services import grant_role
+from controlplane.extender.demo import DemoWorkload
 from controlplane.ledger.services import CardReport, InventoryReport, apply_inventory
 
 DEMO_NODES: dict[str, list[tuple[str, int]]] = {
@@ -57,6 +64,14 @@ class Command(BaseCommand):
             action="store_true",
             help="Register the demo inventory and the admin user, then exit.",
         )
+        parser.add_argument(
+            "--url",
+            default=f"http://127.0.0.1:{os.environ.get('PORT', '8000')}",
+            help="The running control plane whose /scheduler/* the workload calls.",
+        )
+        parser.add_argument("--interval", type=float, default=2.0, help="Seconds per tick.")
+        parser.add_argument("--ticks", type=int, default=0, help="Stop after N ticks (0: never).")
+        parser.add_argument("--seed", type=int, default=None, help="Random seed (repeatable).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         password = self._ensure_admin()
@@ -72,6 +87,23 @@ class Command(BaseCommand):
             self.stdout.write(f"cluster mode {settings.TESSERA['KUBE_MODE']}: no demo inventory")
         if password:
             self.stdout.write(f"admin user 'admin', password: {password}")
+        if options["setup_only"]:
+            return
+        if settings.TESSERA["KUBE_MODE"] != "embedded":
+            raise CommandError(
+                "the demo workload runs only against the embedded stand-in (no cluster "
+                "configured); against a real cluster, schedule real pods"
+            )
+        workload = DemoWorkload(
+            options["url"],
+            report=lambda: [
+                apply_inventory(node, demo_report(node, cards), actor="demo")
+                for node, cards in DEMO_NODES.items()
+            ],
+            log=self.stdout.write,
+            seed=options["seed"],
+        )
+        workload.run(interval=options["interval"], ticks=options["ticks"])
 
     def _ensure_admin(self) -> str | None:
         """Create 'admin' once; its password comes from TESSERA_ADMIN_PASSWORD or is generated

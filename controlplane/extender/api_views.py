@@ -1,0 +1,144 @@
+"""REST adapters under /api/v1/: why-pending, and allocations for node plugins.
+
+See docs/allocation.md for the allocation endpoints' contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.access.roles import Role, has_role
+from controlplane.api.fields import StrictCharField
+from controlplane.extender import selectors, services
+from controlplane.ledger.models import PodBinding, SchedulingDecision
+from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, is_node_name
+
+
+def _check_pod_name(namespace: str, name: str) -> None:
+    if not is_namespace(namespace):
+        raise ValidationError({"namespace": f"{namespace!r} is not a namespace: {NAMESPACE_HELP}"})
+    if not is_node_name(name):
+        raise ValidationError({"name": f"{name!r} is not a pod name (a DNS subdomain)"})
+
+
+class WhyView(APIView):
+    """`GET /api/v1/pods/<namespace>/<name>/why`: the latest scheduling decision, in words."""
+
+    def get(self, request: Request, namespace: str, name: str) -> Response:
+        _check_pod_name(namespace, name)
+        decision = selectors.latest_decision(namespace, name)
+        if decision is None:
+            raise NotFound(
+                f"Tessera has no scheduling decision for pod {namespace}/{name}. Either the "
+                "scheduler has not tried it yet, or it asks for no GPU resource, or it is not "
+                "scheduled by tessera-scheduler (check spec.schedulerName)."
+            )
+        binding = selectors.active_binding_of_pod(namespace, name)
+        outcome, summary = decision.outcome, decision.summary
+        if binding is not None and binding.pod_uid == decision.pod_uid:
+            # Bind does not write the log when it succeeds; the binding is the answer.
+            if binding.phase != PodBinding.Phase.RESERVED:
+                outcome = SchedulingDecision.Outcome.BOUND
+            cards = selectors.binding_cards(binding)
+            summary = (
+                f"{binding.phase} on node {binding.node.name if binding.node else '?'}, "
+                f"cards {', '.join(cards)}. Before that: {decision.summary}"
+            )
+        return Response(
+            {
+                "namespace": decision.namespace,
+                "name": decision.name,
+                "pod_uid": decision.pod_uid,
+                "outcome": outcome,
+                "summary": summary,
+                "decided_at": decision.decided_at,
+                "nodes_considered": decision.nodes_considered,
+                "feasible_nodes": decision.feasible_nodes,
+                "reason_counts": decision.reason_counts,
+                "node_reasons": decision.node_reasons,
+                "binding": None
+                if binding is None
+                else {
+                    "phase": binding.phase,
+                    "node": binding.node.name if binding.node else None,
+                    "pod_uid": binding.pod_uid,
+                },
+            }
+        )
+
+
+class IsNodeOrViewer(BasePermission):
+    message = "This needs a node identity or the viewer role."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return has_role(request.user, Role.NODE) or has_role(request.user, Role.VIEWER)
+
+
+class IsNodeOrAdmin(BasePermission):
+    message = "Reporting an allocation needs a node identity (or an admin)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return has_role(request.user, Role.NODE) or has_role(request.user, Role.ADMIN)
+
+
+def _own_node(request: Request) -> str | None:
+    """The node a node identity speaks for (its username); None for people."""
+    return request.user.get_username() if has_role(request.user, Role.NODE) else None
+
+
+class AllocationView(APIView):
+    """`GET /api/v1/allocations/<namespace>/<name>`: the pod's current allocation record."""
+
+    permission_classes = [IsNodeOrViewer]
+
+    def get(self, request: Request, namespace: str, name: str) -> Response:
+        _check_pod_name(namespace, name)
+        binding = selectors.active_binding_of_pod(namespace, name)
+        if binding is None:
+            raise NotFound(f"pod {namespace}/{name} has no active GPU binding")
+        node = _own_node(request)
+        if node is not None and (binding.node is None or binding.node.name != node):
+            raise PermissionDenied(
+                f"this token belongs to node {node!r}; pod {namespace}/{name} is not bound there"
+            )
+        return Response(selectors.allocation_of(binding))
+
+
+class AllocatedSerializer(serializers.Serializer):
+    devices = serializers.ListField(
+        child=StrictCharField(max_length=64), min_length=1, max_length=64
+    )
+
+
+class AllocatedView(APIView):
+    """`POST /api/v1/allocations/<pod_uid>/containers/<container>/allocated`."""
+
+    permission_classes = [IsNodeOrAdmin]
+
+    def post(self, request: Request, pod_uid: str, container: str) -> Response:
+        if len(pod_uid) > 64:
+            raise ValidationError({"pod_uid": "at most 64 characters"})
+        serializer = AllocatedSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        binding = services.mark_allocated(
+            pod_uid,
+            container,
+            serializer.validated_data["devices"],
+            actor=request.user.get_username(),
+            node=_own_node(request),
+        )
+        return Response(
+            {
+                "pod_uid": binding.pod_uid,
+                "phase": binding.phase,
+                "container": container,
+                "devices": sorted(serializer.validated_data["devices"]),
+            }
+        )

@@ -1,0 +1,310 @@
+"""The extender's three verbs, between the wire format and the ledger (DESIGN §4).
+
+- filter: every feasible node (scoring is the scheduler's job), the rest with the core's reason
+  per node; permanent refusals go to FailedAndUnresolvableNodes. Reads the cached snapshot.
+- prioritize: 0..10 per node by the pod's node policy. Reads the cached snapshot.
+- bind: the authoritative step. Reserve in the ledger (lock -> re-fit on committed rows ->
+  write), then the Binding through the Kubernetes adapter with the signed allocation as
+  annotations; undo the reservation when the API server refused, confirm it when it accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane import kube as kube_adapter
+from controlplane.extender import selectors as ext_selectors
+from controlplane.extender import signing, why
+from controlplane.extender.decisions import record as record_decision
+from controlplane.extender.decisions import record_bind as record_bind_outcome
+from controlplane.extender.services import DecisionRecord, Outcome
+from controlplane.extender.snapshots import snapshot_cache
+from controlplane.extender.wire import BindingArgs, ExtenderArgs
+from controlplane.ledger import selectors, services
+from controlplane.ledger.models import PodBinding
+from controlplane.scheduling import (
+    PodRequest,
+    QuotaUsage,
+    ReasonCode,
+    RequestError,
+    Snapshot,
+    check_quota,
+    filter_nodes,
+    parse_pod,
+    prioritize,
+)
+
+log = logging.getLogger(__name__)
+
+
+# --- filter --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FilterAnswer:
+    feasible: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    managed: bool = True
+
+
+def _pod_identity(pod: dict[str, Any]) -> tuple[str, str, str]:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    namespace = str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or meta.get("generateName") or "")
+    uid = str(meta.get("uid") or f"{namespace}/{name}")
+    return uid, namespace, name
+
+
+def _min_demand(request: PodRequest, snapshot: Snapshot, names: list[str]) -> QuotaUsage:
+    """A lower bound of what any placement of the pod counts against its quota.
+
+    Init containers may share cards with app slices (the claim is the larger of the two), so
+    the bound is max(app total, largest init container); a percentage or whole-card ask is
+    counted on the smallest card among the candidate nodes.
+    """
+    smallest = min(
+        (c.memory_mib for n in names if (s := snapshot.by_name.get(n)) for c in s.cards),
+        default=1,
+    )
+
+    def memory(c: Any) -> int:
+        return c.memory_on(smallest) * c.gpus
+
+    apps = [c for c in request.containers if not c.init]
+    inits = [c for c in request.containers if c.init]
+    return QuotaUsage(
+        memory_mib=max(sum(map(memory, apps)), max(map(memory, inits), default=0)),
+        cores=max(
+            sum(c.cores * c.gpus for c in apps), max((c.cores * c.gpus for c in inits), default=0)
+        ),
+        gpus=max(sum(c.gpus for c in apps), max((c.gpus for c in inits), default=0)),
+    )
+
+
+def run_filter(args: ExtenderArgs) -> FilterAnswer:
+    """Split the scheduler's candidate nodes for the pod; record the decision when it is ours."""
+    uid, namespace, name = _pod_identity(args.pod)
+    try:
+        request = parse_pod(args.pod, selectors.scheduling_config())
+    except RequestError as exc:
+        message = f"the pod's GPU request is invalid: {exc}"
+        answer = FilterAnswer([], {}, dict.fromkeys(args.node_names, message))
+        record_decision(
+            DecisionRecord(
+                uid, namespace, name, Outcome.INVALID, message, (), {},
+                {"InvalidRequest": len(args.node_names)}, len(args.node_names),
+            )
+        )  # fmt: skip
+        return answer
+    if request is None:
+        return FilterAnswer(list(args.node_names), managed=False)
+
+    snapshot = snapshot_cache.get()
+    names = args.node_names
+    limits = snapshot_cache.quota_limits(request.namespace)
+    if limits is not None:
+        refusal = check_quota(
+            request.namespace,
+            limits,
+            selectors.namespace_usage(request.namespace),
+            _min_demand(request, snapshot, names),
+        )
+        if refusal is not None:
+            target = {} if refusal.permanent else None
+            answer = FilterAnswer([])
+            (answer.unresolvable if target is not None else answer.failed).update(
+                dict.fromkeys(names, refusal.message)
+            )
+            record_decision(
+                DecisionRecord(
+                    uid, namespace, name, Outcome.UNSCHEDULABLE,
+                    f"0 of {len(names)} nodes can hold it: {refusal.message}.",
+                    (), {}, {ReasonCode.QUOTA_EXCEEDED.value: len(names)}, len(names),
+                )
+            )  # fmt: skip
+            return answer
+
+    feasible, fits = filter_nodes(snapshot, request, names)
+    answer = FilterAnswer(feasible)
+    counts: Counter[str] = Counter()
+    largest_free: int | None = None
+    for fit in fits:
+        refusals = fit.refusals
+        code = refusals[0].code.value
+        counts[code] += 1
+        (answer.unresolvable if fit.permanent else answer.failed)[fit.node] = fit.summary()
+        if code == ReasonCode.INSUFFICIENT_MEMORY:
+            node = snapshot.by_name.get(fit.node)
+            if node is not None and node.view.n:
+                free = max(node.view.max_fmem, 0)
+                largest_free = free if largest_free is None else max(largest_free, free)
+    summary = why.filter_summary(
+        len(names),
+        len(feasible),
+        counts,
+        need=why.memory_need(request),
+        largest_free_mib=largest_free,
+    )
+    reasons = {**answer.failed, **answer.unresolvable}
+    record_decision(
+        DecisionRecord(
+            uid,
+            namespace,
+            name,
+            Outcome.FEASIBLE if feasible else Outcome.UNSCHEDULABLE,
+            summary,
+            feasible,
+            reasons,
+            dict(counts),
+            len(names),
+        )
+    )
+    return answer
+
+
+# --- prioritize ----------------------------------------------------------------------------------
+
+
+def run_prioritize(args: ExtenderArgs) -> list[tuple[str, int]]:
+    """(node, score 0..10) in input order; 0 for every node when the pod is not ours.
+
+    Raises RequestError for a pod whose GPU request does not parse.
+    """
+    request = parse_pod(args.pod, selectors.scheduling_config())
+    if request is None:
+        return [(n, 0) for n in args.node_names]
+    return prioritize(snapshot_cache.get(), request, args.node_names)
+
+
+# --- bind ----------------------------------------------------------------------------------------
+
+
+class BindFailed(Exception):
+    """Bind did not happen; `message` is for the scheduler's Error (and the pod's events)."""
+
+    def __init__(self, message: str, outcome: str = "refused") -> None:
+        super().__init__(message)
+        self.message = message
+        self.outcome = outcome  # metric label: refused | apiserver_error | invalid | conflict
+
+
+@dataclass(frozen=True, slots=True)
+class BindAnswer:
+    outcome: str  # bound | already_bound | plain
+    binding: PodBinding | None
+
+
+def _bound_as_asked(
+    kube: kube_adapter.Kube, args: BindingArgs, annotations: dict[str, str]
+) -> bool | None:
+    """After a failed Binding call: is the pod bound to our node with our allocation anyway?
+
+    True: yes (an earlier attempt, or the call succeeded before the error). False: certainly not
+    (unbound, bound elsewhere, gone or replaced). None: cannot tell (the API server is away).
+    """
+    try:
+        pod = kube.get_pod(args.namespace, args.pod_name)
+    except kube_adapter.KubeError:
+        return None
+    if pod is None:
+        return False
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if meta.get("uid") != args.pod_uid or spec.get("nodeName") != args.node:
+        return False
+    have = meta.get("annotations") or {}
+    return all(have.get(k) == v for k, v in annotations.items())
+
+
+def _call_binding(
+    kube: kube_adapter.Kube, args: BindingArgs, annotations: dict[str, str]
+) -> kube_adapter.KubeError | None:
+    """The Binding POST; None when the pod ends up bound as asked."""
+    try:
+        kube.bind_pod(args.namespace, args.pod_name, args.pod_uid, args.node, annotations)
+    except kube_adapter.KubeError as exc:
+        # 409 "already assigned" is our own earlier attempt when the pod carries our allocation.
+        if _bound_as_asked(kube, args, annotations):
+            return None
+        return exc
+    return None
+
+
+def run_bind(args: BindingArgs) -> BindAnswer:
+    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason."""
+    existing = ext_selectors.binding_of(args.pod_uid)
+    if existing is not None and existing.active:
+        where = existing.node.name if existing.node else ""
+        if where != args.node:
+            raise BindFailed(
+                f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
+                f"{existing.phase} on node {where or '(none)'}, not {args.node}",
+                "conflict",
+            )
+        if existing.phase != PodBinding.Phase.RESERVED:
+            return BindAnswer("already_bound", existing)  # same answer, no second Binding
+
+    kube = kube_adapter.get_kube()
+    try:
+        pod = kube.get_pod(args.namespace, args.pod_name)
+    except kube_adapter.KubeError as exc:
+        raise BindFailed(
+            f"cannot read the pod from the API server: {exc.message}", "apiserver_error"
+        ) from None
+    if pod is None:
+        raise BindFailed(f"pod {args.namespace}/{args.pod_name} does not exist", "invalid")
+    meta = pod.get("metadata") or {}
+    if meta.get("uid") != args.pod_uid:
+        raise BindFailed(
+            f"pod {args.namespace}/{args.pod_name} has UID {meta.get('uid')}, not "
+            f"{args.pod_uid}: the pod the scheduler placed was deleted and replaced",
+            "invalid",
+        )
+    try:
+        request = parse_pod(pod, selectors.scheduling_config())
+    except RequestError as exc:
+        raise BindFailed(f"the pod's GPU request is invalid: {exc}", "invalid") from None
+
+    if request is None:  # not ours: a plain Binding, nothing in the ledger
+        error = _call_binding(kube, args, {})
+        if error is not None:
+            raise BindFailed(error.message, "apiserver_error")
+        return BindAnswer("plain", None)
+
+    try:
+        binding = services.reserve_binding(request, args.node)
+    except services.ServiceError as exc:
+        record_bind_outcome(
+            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, exc.message
+        )
+        raise BindFailed(exc.message, "refused") from None
+    snapshot_cache.mark_dirty([args.node])
+
+    record = ext_selectors.allocation_of(binding)
+    annotations = signing.annotations(record)
+    # The crash window: the reservation is committed, the Binding not yet sent. A process dying
+    # here leaves a reservation with a deadline; the reconciler finds it (expired_reservations).
+    error = _call_binding(kube, args, annotations)
+    if error is not None:
+        settled = error.applied is False or _bound_as_asked(kube, args, annotations) is False
+        if settled:
+            services.release_binding(args.pod_uid, f"Binding failed: {error.message}", failed=True)
+            snapshot_cache.mark_dirty([args.node])
+            message = f"the API server refused the Binding: {error.message}"
+        else:
+            message = (
+                f"the Binding's outcome is unknown ({error.message}); the reservation is kept "
+                "until the reconciler checks the pod"
+            )
+        record_bind_outcome(
+            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, message
+        )
+        raise BindFailed(message, "apiserver_error")
+
+    binding = services.confirm_binding(args.pod_uid)
+    # No decision-log write on success: "why" reads the binding itself (fewer round trips).
+    return BindAnswer("bound", binding)

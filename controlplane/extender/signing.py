@@ -1,0 +1,183 @@
+"""The allocation record (docs/allocation.md): its JSON, its HMAC signature and the key.
+
+The key is read once per process. Where it comes from:
+
+1. `TESSERA_ALLOCATION_KEY_FILE`: a file holding the key (a mounted Kubernetes Secret). The
+   key is the file's bytes with surrounding whitespace stripped, so `echo key > file` and
+   `printf key > file` sign alike; node plugins read it the same way.
+2. `TESSERA_ALLOCATION_KEY`: the key itself, for dev and test only (refused in production,
+   where an environment variable leaks into `kubectl describe` and crash reports).
+3. Neither, outside production: a random key generated once into `<LOCAL_DIR>/allocation.key`
+   (mode 0600) and reused, so `make run` signs without any set-up.
+
+Production (`TESSERA_ENV=production`) with no key file refuses to start a process that serves
+the extender (see `check_production_key`, called from the app's `ready()`).
+"""
+
+# No `from __future__ import annotations` here: it would bind the name `annotations`, which is
+# this module's public function (the reconciler and its tests call `signing.annotations`).
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+ANNOTATION = "tessera.io/allocation"
+SIGNATURE_ANNOTATION = "tessera.io/allocation-signature"
+SIGNATURE_PREFIX = "v1:"
+VERSION = 1
+MIN_KEY_BYTES = 32
+
+_lock = threading.Lock()
+_key: bytes | None = None
+
+
+def _read_key_file(path: str) -> bytes:
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"TESSERA_ALLOCATION_KEY_FILE={path!r} cannot be read: {exc.strerror}"
+        ) from None
+    if len(key) < MIN_KEY_BYTES:
+        raise ImproperlyConfigured(
+            f"TESSERA_ALLOCATION_KEY_FILE={path!r} holds {len(key)} bytes; the allocation key "
+            f"needs at least {MIN_KEY_BYTES} (e.g. `openssl rand -base64 48`)"
+        )
+    return key
+
+
+def _generated_dev_key() -> bytes:
+    path = Path(settings.LOCAL_DIR) / "allocation.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: two processes starting at once must agree on one key, not overwrite each other.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _read_key_file(str(path))
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(48) + "\n")
+    return _read_key_file(str(path))
+
+
+def load_key() -> bytes:
+    """The key from settings (file, then variable, then the generated dev key)."""
+    knobs = settings.TESSERA
+    if knobs.get("ALLOCATION_KEY_FILE"):
+        return _read_key_file(knobs["ALLOCATION_KEY_FILE"])
+    if settings.PRODUCTION:
+        raise ImproperlyConfigured(
+            "TESSERA_ENV=production needs TESSERA_ALLOCATION_KEY_FILE: the path of the allocation "
+            "signing key mounted from a Kubernetes Secret (docs/extender.md). "
+            "TESSERA_ALLOCATION_KEY and generated keys are for dev and test only."
+        )
+    raw = knobs.get("ALLOCATION_KEY") or ""
+    if raw:
+        key = raw.strip().encode("utf-8")
+        if len(key) < MIN_KEY_BYTES:
+            raise ImproperlyConfigured(
+                f"TESSERA_ALLOCATION_KEY holds {len(key)} bytes; it needs at least {MIN_KEY_BYTES}"
+            )
+        return key
+    return _generated_dev_key()
+
+
+def key() -> bytes:
+    """The process's signing key, loaded on first use."""
+    global _key
+    if _key is None:
+        with _lock:
+            if _key is None:
+                _key = load_key()
+    return _key
+
+
+def reset_key() -> None:
+    """Forget the loaded key (tests that change the key settings call this)."""
+    global _key
+    with _lock:
+        _key = None
+
+
+def check_production_key() -> None:
+    """Refuse to start a production extender without its key (called from AppConfig.ready)."""
+    if settings.PRODUCTION and settings.TESSERA.get("SERVE_EXTENDER"):
+        load_key()
+
+
+# --- the record ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    uuid: str
+    card_index: int
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    name: str
+    index: int
+    init: bool
+    devices: tuple[Device, ...]
+
+
+def allocation_record(
+    pod_uid: str, namespace: str, name: str, node: str, containers: Iterable[ContainerAllocation]
+) -> dict[str, Any]:
+    """The version-1 allocation object. Init containers first, then by index; each container's
+    devices by the card's index on the node: the order CUDA enumerates them inside the container,
+    so device ordinal i is `devices[i]` (TESSERA_DEVICE_*_LIMIT_<i>)."""
+    ordered = sorted(containers, key=lambda c: (not c.init, c.index))
+    return {
+        "containers": [
+            {
+                "devices": [
+                    {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
+                    for d in sorted(c.devices, key=lambda d: (d.card_index, d.uuid))
+                ],
+                "index": c.index,
+                "init": c.init,
+                "name": c.name,
+            }
+            for c in ordered
+        ],
+        "name": name,
+        "namespace": namespace,
+        "node": node,
+        "pod_uid": pod_uid,
+        "v": VERSION,
+    }
+
+
+def encode(record: dict[str, Any]) -> str:
+    """Compact JSON, keys sorted: the exact bytes the signature covers."""
+    return json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+
+
+def sign(value: str, signing_key: bytes | None = None) -> str:
+    """`v1:` + unpadded base64url of HMAC-SHA256(key, value's UTF-8 bytes)."""
+    mac = hmac.new(signing_key or key(), value.encode("utf-8"), hashlib.sha256).digest()
+    return SIGNATURE_PREFIX + base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
+
+
+def verify(value: str, signature: str, signing_key: bytes | None = None) -> bool:
+    """Whether `signature` is ours for `value` (constant-time; what a node plugin does)."""
+    return hmac.compare_digest(sign(value, signing_key), signature)
+
+
+def annotations(record: dict[str, Any]) -> dict[str, str]:
+    """The two pod annotations bind writes through the Binding."""
+    value = encode(record)
+    return {ANNOTATION: value, SIGNATURE_ANNOTATION: sign(value)}

@@ -1,0 +1,223 @@
+"""A per-process cache of the cluster snapshot for filter and prioritize (DESIGN §1).
+
+Only an accelerator: bind never reads it (it re-fits under the node lock on committed rows).
+Filter and prioritize may see the ledger as it was up to about `FILTER_SNAPSHOT_TTL_MS` ago; a
+wrong "feasible" then costs a refused bind and a retry by the scheduler, a wrong "infeasible" a
+later retry.
+
+Building a 1,000-node snapshot from scratch takes the ledger selector a good part of a second,
+so the cache is kept fresh incrementally and off the request path:
+
+- a background thread, every TTL, re-reads only the nodes whose node, card or binding rows
+  changed since its last pass (minus a margin for transactions that committed late) and swaps
+  them in; when node or card counts drop (rows deleted) it rebuilds everything, and it does so
+  anyway every `FULL_REFRESH_S`; a rebuild then catches up on what changed while it read;
+- a node this process has just bound onto is marked dirty and re-read (one small query set)
+  before the next answer, so this process's own binds show at once (the scheduler's sidecar
+  is the only binder);
+- should the thread fall behind by more than `STALE_LIMIT_S`, the request refreshes itself.
+
+`FILTER_SNAPSHOT_TTL_MS = 0` turns the cache off (each call reads the committed ledger).
+`background = False` (tests) refreshes in the request instead of a thread.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from controlplane.extender import selectors as ext_selectors
+from controlplane.ledger import selectors
+from controlplane.scheduling import NodeState, QuotaLimits, Snapshot
+
+log = logging.getLogger(__name__)
+
+FULL_REFRESH_S = 600.0
+STALE_LIMIT_S = 2.0
+# Rows stamped before a refresh began may commit after it read: look back this far. Ledger
+# transactions last milliseconds; one second also absorbs small clock skew between replicas.
+LATE_COMMIT_MARGIN = timedelta(seconds=1)
+
+
+def _ttl() -> float:
+    return float(settings.TESSERA.get("FILTER_SNAPSHOT_TTL_MS") or 0) / 1000.0
+
+
+class SnapshotCache:
+    """Thread-safe; one instance per process (`snapshot_cache`)."""
+
+    def __init__(self, *, background: bool = True) -> None:
+        self.background = background
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._cards = 0  # cards in the snapshot, to notice deletions
+        self._synced_at = 0.0  # monotonic time of the last refresh
+        self._full_at = 0.0  # monotonic time of the last full rebuild
+        self._cursor: datetime | None = None  # wall time the last refresh started reading
+        self._dirty: set[str] = set()
+        self._read_at: dict[str, float] = {}  # node -> monotonic start of the read now installed
+        self._refreshing = threading.Lock()  # one incremental pass at a time
+        self._quotas: dict[str, QuotaLimits] = {}
+        self._thread: threading.Thread | None = None
+        self.refreshes = 0  # counters for tests and the bench
+        self.full_rebuilds = 0
+
+    def clear(self) -> None:
+        with self._lock:
+            self._snapshot, self._cursor, self._dirty = None, None, set()
+            self._read_at = {}
+
+    def mark_dirty(self, node_names: Iterable[str]) -> None:
+        """This process changed these nodes' rows: re-read them before the next answer."""
+        self._dirty.update(node_names)
+
+    def quota_limits(self, namespace: str) -> QuotaLimits | None:
+        """The namespace's quota as of the snapshot (bind re-checks it under the lock)."""
+        if _ttl() <= 0:
+            return selectors.quota_limits(namespace)
+        self.get()
+        return self._quotas.get(namespace)
+
+    def get(self) -> Snapshot:
+        ttl = _ttl()
+        if ttl <= 0:
+            return selectors.cluster_snapshot()
+        if self._snapshot is None:
+            with self._lock:
+                if self._snapshot is None:
+                    self._install_full(self._read_full())
+        if self.background:
+            self._ensure_thread()
+        overdue = time.monotonic() - self._synced_at >= (STALE_LIMIT_S if self.background else ttl)
+        if self._dirty or overdue:
+            # Reads happen outside the lock; installing a read is short. Our own binds (dirty
+            # nodes) are always re-read; an overdue incremental pass runs in one thread only.
+            incremental = overdue and self._refreshing.acquire(blocking=False)
+            try:
+                self._install(self._read_changes(incremental=incremental))
+            finally:
+                if incremental:
+                    self._refreshing.release()
+        return self._snapshot  # type: ignore[return-value]
+
+    # --- refreshing: read without the lock, install under it ---------------------------------
+
+    @staticmethod
+    def _read_full() -> _Read:
+        started, cursor = time.monotonic(), timezone.now()
+        snapshot = selectors.cluster_snapshot()
+        return _Read(started, cursor, {n.name: n for n in snapshot.nodes}, set(), True,
+                     ext_selectors.all_quota_limits(), None)  # fmt: skip
+
+    def _install_full(self, read: _Read) -> None:
+        """Replace everything, except nodes re-read after this read began (fresher)."""
+        old = {n.name: n for n in self._snapshot.nodes} if self._snapshot else {}
+        nodes = dict(read.nodes)
+        for name, at in self._read_at.items():
+            if at > read.started and name in old:
+                nodes[name] = old[name]
+        self._snapshot = Snapshot(tuple(nodes.values()))
+        self._cards = sum(len(n.cards) for n in self._snapshot.nodes)
+        self._cursor, self._synced_at, self._full_at = read.cursor, read.started, read.started
+        self._quotas = read.quotas or {}
+        self.full_rebuilds += 1
+        # The snapshot is ~100k long-lived objects without reference cycles: keep the cyclic
+        # garbage collector from re-scanning them on every full collection (a p99 spike of
+        # several ms in the middle of a filter); refcounting still frees them when replaced.
+        gc.freeze()
+
+    def _read_changes(self, *, incremental: bool) -> _Read:
+        """Re-read the dirty nodes and, with `incremental`, every node changed since the cursor."""
+        started, cursor = time.monotonic(), timezone.now()
+        names = set(self._dirty)
+        self._dirty.difference_update(names)
+        if incremental and self._cursor is not None:
+            names |= ext_selectors.nodes_changed_since(self._cursor - LATE_COMMIT_MARGIN)
+        nodes = {n.name: n for n in selectors.cluster_snapshot(names).nodes} if names else {}
+        quotas = ext_selectors.all_quota_limits() if incremental else None
+        counts = ext_selectors.ledger_counts() if incremental else None
+        return _Read(started, cursor, nodes, names, incremental, quotas, counts)
+
+    def _install(self, read: _Read) -> None:
+        with self._lock:
+            assert self._snapshot is not None
+            if read.names:
+                nodes = {n.name: n for n in self._snapshot.nodes}
+                for name in read.names:
+                    if self._read_at.get(name, 0.0) > read.started:
+                        continue  # a later read of this node is already in
+                    self._read_at[name] = read.started
+                    if name in read.nodes:
+                        nodes[name] = read.nodes[name]
+                    else:
+                        nodes.pop(name, None)
+                self._snapshot = Snapshot(tuple(nodes.values()))
+                self._cards = sum(len(n.cards) for n in self._snapshot.nodes)
+            if read.incremental:
+                self._cursor, self._synced_at = read.cursor, read.started
+                self._quotas = read.quotas or {}
+                node_count, card_count = read.counts or (0, 0)
+                if node_count < len(self._snapshot.nodes) or card_count < self._cards:
+                    self._full_at = 0.0  # rows were deleted: only a rebuild drops them
+            self.refreshes += 1
+        if read.incremental and not self.background and self._full_due():
+            full = self._read_full()
+            with self._lock:
+                self._install_full(full)
+
+    def _full_due(self) -> bool:
+        return time.monotonic() - self._full_at >= FULL_REFRESH_S
+
+    def _ensure_thread(self) -> None:
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="tessera-snapshot-refresh", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        """The background refresher: incremental every TTL, a full rebuild when due."""
+        try:
+            while self._snapshot is not None and self.background and _ttl() > 0:
+                time.sleep(_ttl())
+                if self._snapshot is None:
+                    break
+                with self._refreshing:
+                    if self._full_due():
+                        full = self._read_full()
+                        with self._lock:
+                            self._install_full(full)
+                    # after a rebuild this catches up on what changed while it read
+                    self._install(self._read_changes(incremental=True))
+        except Exception:  # the request path falls back to refreshing itself
+            log.exception("snapshot refresher stopped")
+        finally:
+            connections.close_all()  # this thread's own database connection
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What one refresh read from the ledger, to install under the lock."""
+
+    started: float  # monotonic time the read began
+    cursor: datetime  # wall time the read began (the next incremental pass starts here)
+    nodes: dict[str, NodeState]
+    names: set[str]  # nodes re-read (absent from `nodes` = deleted)
+    incremental: bool
+    quotas: dict[str, QuotaLimits] | None
+    counts: tuple[int, int] | None
+
+
+snapshot_cache = SnapshotCache()

@@ -1,0 +1,232 @@
+"""HTTP adapters of the extender (`/scheduler/*`) and the admission webhook (`/webhook/mutate`).
+
+Plain Django views, not DRF: these are machine protocols with their own JSON shapes, on the
+scheduling hot path. They validate and translate; `scheduler` and `webhook` decide.
+
+`/scheduler/*` answers only when `TESSERA_SERVE_EXTENDER` is on (404 otherwise) and then only to
+a loopback peer (403 otherwise): it is served by the control-plane sidecar inside the scheduler
+pod, on 127.0.0.1 (docs/extender.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import logging
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from controlplane import kube as kube_adapter
+from controlplane.extender import scheduler, wire
+from controlplane.extender.selectors import inventory_limits
+from controlplane.extender.webhook import review_pod
+from controlplane.ledger import selectors
+from controlplane.scheduling import RequestError
+
+log = logging.getLogger(__name__)
+
+try:  # the dashboard's metrics (issue 8); without them the extender just does not count
+    from controlplane.dashboard.metrics import BIND_OUTCOMES, EXTENDER_LATENCY
+except ImportError:  # pragma: no cover - depends on the other issue having landed
+    BIND_OUTCOMES = EXTENDER_LATENCY = None  # type: ignore[assignment]
+
+APISERVER_HEADER = "X-Tessera-Apiserver-Ms"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
+    response = HttpResponse(
+        json.dumps(body, separators=(",", ":")), status=status, content_type="application/json"
+    )
+    for key, value in (headers or {}).items():
+        response[key] = value
+    return response
+
+
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address((address or "").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    """The body, at most EXTENDER_MAX_BODY bytes (WireError past it, whatever the headers say)."""
+    limit = int(settings.TESSERA["EXTENDER_MAX_BODY"])
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise wire.WireError("body", f"is over the limit of {limit} bytes")
+    return body
+
+
+def _refuse_method(request: HttpRequest) -> HttpResponse | None:
+    if request.method != "POST":
+        response = _json({"Error": f"{request.method} is not allowed here; POST JSON"}, 405)
+        response["Allow"] = "POST"
+        return response
+    return None
+
+
+View = Callable[[HttpRequest], HttpResponse]
+
+
+def extender_view(verb: str) -> Callable[[View], View]:
+    """Guard (sidecar + loopback + POST), time and shield one extender verb."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest) -> HttpResponse:
+            if not settings.TESSERA.get("SERVE_EXTENDER"):
+                return _json({"Error": "the scheduler extender is not served by this replica"}, 404)
+            if not _is_loopback(request.META.get("REMOTE_ADDR")):
+                return _json(
+                    {"Error": "the scheduler extender answers only the scheduler (loopback)"}, 403
+                )
+            refused = _refuse_method(request)
+            if refused is not None:
+                return refused
+            start = time.perf_counter()
+            try:
+                return view(request)
+            except Exception:  # the scheduler gets an Error, never a traceback
+                log.exception("extender %s failed", verb)
+                message = f"internal error in {verb}; the control plane log has it"
+                return _json({"Error": message}, 500)
+            finally:
+                if EXTENDER_LATENCY is not None:
+                    EXTENDER_LATENCY.labels(verb=verb).observe(time.perf_counter() - start)
+
+        return wrapper
+
+    return decorate
+
+
+def _args(request: HttpRequest) -> tuple[Any, HttpResponse | None]:
+    """Decoded JSON, or the 400 answer for a body that is not JSON."""
+    try:
+        return wire.load_json(_read_body(request)), None
+    except wire.WireError as exc:
+        return None, _json({"Error": str(exc)}, 400)
+
+
+@extender_view("filter")
+def filter_view(request: HttpRequest) -> HttpResponse:
+    raw, bad = _args(request)
+    if bad is not None:
+        return bad
+    try:
+        args = wire.parse_extender_args(raw)
+    except wire.WireError as exc:
+        return _json(wire.filter_result(None, None, error=str(exc)))
+    answer = scheduler.run_filter(args)
+    return _json(wire.filter_result(args, answer.feasible, answer.failed, answer.unresolvable))
+
+
+@extender_view("prioritize")
+def prioritize_view(request: HttpRequest) -> HttpResponse:
+    raw, bad = _args(request)
+    if bad is not None:
+        return bad
+    try:
+        args = wire.parse_extender_args(raw)
+        body = wire.host_priority_list(scheduler.run_prioritize(args))
+        return HttpResponse(body, content_type="application/json")
+    except (wire.WireError, RequestError) as exc:
+        # A HostPriorityList has no Error field; the scheduler ignores prioritize errors.
+        return _json({"Error": str(exc)}, 400)
+
+
+@extender_view("bind")
+def bind_view(request: HttpRequest) -> HttpResponse:
+    raw, bad = _args(request)
+    if bad is not None:
+        return bad
+    kube_adapter.reset_api_ms()
+    outcome = "invalid"
+    try:
+        args = wire.parse_binding_args(raw)
+        outcome = scheduler.run_bind(args).outcome
+        error = ""
+    except wire.WireError as exc:
+        error = str(exc)
+    except scheduler.BindFailed as exc:
+        outcome, error = exc.outcome, exc.message
+    if BIND_OUTCOMES is not None:
+        BIND_OUTCOMES.labels(outcome=outcome).inc()
+    return _json({"Error": error}, headers={APISERVER_HEADER: f"{kube_adapter.api_ms():.3f}"})
+
+
+# --- admission webhook ---------------------------------------------------------------------------
+
+
+def _review_response(api_version: str, uid: str, response: dict[str, Any]) -> HttpResponse:
+    return _json(
+        {
+            "apiVersion": api_version,
+            "kind": "AdmissionReview",
+            "response": {"uid": uid, **response},
+        }
+    )
+
+
+@csrf_exempt
+def mutate_view(request: HttpRequest) -> HttpResponse:
+    """`POST /webhook/mutate`: AdmissionReview v1 in, AdmissionReview v1 out (same `uid`)."""
+    refused = _refuse_method(request)
+    if refused is not None:
+        return refused
+    try:
+        review = wire.load_json(_read_body(request))
+    except wire.WireError as exc:
+        return _json({"error": str(exc)}, 400)
+    admission = review.get("request") if isinstance(review, dict) else None
+    if not isinstance(admission, dict):
+        admission = {}
+    uid = admission.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return _json(
+            {"error": "request.uid: missing; send an AdmissionReview (admission.k8s.io/v1)"}, 400
+        )
+    api_version = review.get("apiVersion") or "admission.k8s.io/v1"
+    if not isinstance(api_version, str) or not api_version.startswith("admission.k8s.io/"):
+        api_version = "admission.k8s.io/v1"
+    kind = admission.get("kind") if isinstance(admission.get("kind"), dict) else {}
+    pod = admission.get("object")
+    if (
+        admission.get("operation") != "CREATE"
+        or kind.get("kind") != "Pod"
+        or admission.get("subResource")
+        or not isinstance(pod, dict)
+    ):
+        return _review_response(api_version, uid, {"allowed": True})
+    try:
+        decision = review_pod(
+            pod,
+            selectors.scheduling_config(),
+            settings.TESSERA["SCHEDULER_NAME"],
+            inventory_limits,
+        )
+    except Exception:  # a webhook bug must not read as a verdict; failurePolicy decides
+        log.exception("admission review %s failed", uid)
+        return _json({"error": "internal error; the control plane log has it"}, 500)
+    if not decision.allowed:
+        return _review_response(
+            api_version,
+            uid,
+            {
+                "allowed": False,
+                "status": {"code": 403, "reason": "Forbidden", "message": decision.message},
+            },
+        )
+    body: dict[str, Any] = {"allowed": True}
+    if decision.patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode("ascii")
+    return _review_response(api_version, uid, body)

@@ -1,0 +1,156 @@
+"""The mutating admission webhook's decision for one pod (DESIGN §4), as data.
+
+Pods that ask for a managed resource get `schedulerName: tessera-scheduler` (configurable) and
+`nvidia.com/gpu: 1` where a container gave only memory or cores. What can never run is refused
+with a sentence naming the field: a GPU request `parse_pod` refuses, privileged GPU containers
+(they see every GPU of the node, past any slice), a preset `spec.nodeName` (it skips the
+scheduler, so no slice would be reserved), a scheduler other than Tessera's, and asks larger
+than any registered card or node. Everything else passes untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.extender.selectors import InventoryLimits
+from controlplane.scheduling import PodRequest, RequestError, SchedulingConfig, parse_pod
+
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    allowed: bool
+    message: str = ""
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _pointer(*parts: str | int) -> str:
+    """A JSON Pointer (RFC 6901): '~' and '/' inside a key are escaped."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _deny(field_path: str, message: str) -> Admission:
+    return Admission(False, f"{field_path}: {message}" if field_path else message)
+
+
+def _containers(spec: Mapping[str, Any], init: bool) -> list[Any]:
+    raw = spec.get("initContainers" if init else "containers")
+    return raw if isinstance(raw, list) else []
+
+
+def review_pod(
+    pod: Mapping[str, Any],
+    config: SchedulingConfig,
+    scheduler_name: str,
+    inventory: Callable[[], InventoryLimits],
+) -> Admission:
+    """Allow, allow with a JSONPatch, or deny with the reason (see module docstring)."""
+    try:
+        request = parse_pod(pod, config)
+    except RequestError as exc:
+        return _deny(exc.field, exc.message)
+    if request is None:
+        return Admission(True)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+
+    node_name = spec.get("nodeName")
+    if node_name:
+        return _deny(
+            "spec.nodeName",
+            f"is preset to {node_name!r} on a pod that asks for GPU slices; Tessera must choose "
+            "the node and the cards. Remove spec.nodeName (use a nodeSelector or node affinity "
+            "to constrain where it runs).",
+        )
+    chosen = spec.get("schedulerName")
+    if chosen not in (None, "", DEFAULT_SCHEDULER, scheduler_name):
+        return _deny(
+            "spec.schedulerName",
+            f"is {chosen!r}; pods that ask for GPU slices are placed by {scheduler_name!r}. "
+            "Remove schedulerName or set it to that.",
+        )
+    denial = _check_containers(pod, spec, request, config)
+    if denial is not None:
+        return denial
+    denial = _check_inventory(request, inventory())
+    if denial is not None:
+        return denial
+
+    patch: list[dict[str, Any]] = [
+        {
+            "op": "replace" if "schedulerName" in spec else "add",
+            "path": "/spec/schedulerName",
+            "value": scheduler_name,
+        }
+    ]
+    patch += _default_gpu_count(spec, request, config)
+    return Admission(True, patch=patch)
+
+
+def _check_containers(
+    pod: Mapping[str, Any], spec: Mapping[str, Any], request: PodRequest, config: SchedulingConfig
+) -> Admission | None:
+    for c in request.containers:
+        key = "initContainers" if c.init else "containers"
+        raw = _containers(spec, c.init)[c.index]
+        security = raw.get("securityContext") if isinstance(raw, Mapping) else None
+        if isinstance(security, Mapping) and security.get("privileged") is True:
+            return _deny(
+                f"spec.{key}[{c.index}].securityContext.privileged",
+                f"container {c.name!r} asks for GPU slices and is privileged; a privileged "
+                "container sees every GPU of the node, past its slice. Drop privileged: true.",
+            )
+    return None
+
+
+def _check_inventory(request: PodRequest, limits: InventoryLimits) -> Admission | None:
+    if limits.cards == 0:
+        return None  # no node has reported yet: nothing to judge against; the pod waits
+    for c in request.containers:
+        key = "initContainers" if c.init else "containers"
+        where = f"spec.{key}[{c.index}].resources"
+        if c.memory_mib is not None and c.memory_mib > limits.max_card_memory_mib:
+            return _deny(
+                where,
+                f"container {c.name!r} asks for {c.memory_mib} MiB per GPU; the largest "
+                f"registered card has {limits.max_card_memory_mib} MiB, so it could never run. "
+                "The value is in MiB per GPU.",
+            )
+        if c.gpus > limits.max_cards_per_node:
+            return _deny(
+                where,
+                f"container {c.name!r} asks for {c.gpus} GPUs; no node has more than "
+                f"{limits.max_cards_per_node}, and a container's GPUs are on one node.",
+            )
+    return None
+
+
+def _default_gpu_count(
+    spec: Mapping[str, Any], request: PodRequest, config: SchedulingConfig
+) -> list[dict[str, Any]]:
+    """Add `<gpu resource>: "1"` to containers that gave only memory or cores (limits, and
+    requests when the container lists Tessera resources there, keeping requests == limits)."""
+    gpu = config.resources.gpu
+    managed = set(config.resources.all())
+    ops: list[dict[str, Any]] = []
+    for c in request.containers:
+        key = "initContainers" if c.init else "containers"
+        resources = _containers(spec, c.init)[c.index].get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        if gpu in limits or gpu in requests:
+            continue
+        base = ("spec", key, c.index, "resources")
+        if "resources" not in _containers(spec, c.init)[c.index]:
+            ops.append({"op": "add", "path": _pointer(*base), "value": {}})
+        for section, table in (("limits", limits), ("requests", requests)):
+            if section == "requests" and not managed & set(table):
+                continue
+            if section in resources:
+                ops.append({"op": "add", "path": _pointer(*base, section, gpu), "value": "1"})
+            else:
+                ops.append({"op": "add", "path": _pointer(*base, section), "value": {gpu: "1"}})
+    return ops

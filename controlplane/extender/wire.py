@@ -1,0 +1,169 @@
+"""kube-scheduler's extender v1 JSON (k8s.io/kube-scheduler/extender/v1): read and write.
+
+Keys are Go field names without JSON tags, capitalised (`Pod`, `NodeNames`); Go decodes keys
+case-insensitively and schedulers before 1.16 sent lowercase ones, so input keys match in any
+case. Answers always use the canonical capitalised spelling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+from controlplane.ledger.validation import (
+    NAMESPACE_HELP,
+    NODE_NAME_HELP,
+    is_namespace,
+    is_node_name,
+)
+
+MAX_NAME = 253
+MAX_UID = 64
+
+
+class WireError(ValueError):
+    """Bad extender input: `field` names the key, `message` says what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def load_json(body: bytes) -> Any:
+    """Decode the body; WireError for anything that is not UTF-8 JSON."""
+    if not body:
+        raise WireError("body", "is empty; send the JSON object kube-scheduler sends")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WireError("body", f"is not JSON ({exc})") from None
+
+
+def _fold(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise WireError("body", f"must be a JSON object ({what})")
+    return {str(k).lower(): v for k, v in obj.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """Filter and prioritize input. `nodes` holds the v1.Node objects when the scheduler sent
+    `Nodes` (not node-cache capable); the answer then carries `Nodes` too."""
+
+    pod: dict[str, Any]
+    node_names: list[str]
+    nodes: list[dict[str, Any]] | None
+    node_list: dict[str, Any] | None
+
+
+def _node_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise WireError(field, "must be a non-empty string (a node name)")
+    if len(value) > MAX_NAME:
+        raise WireError(field, f"is {len(value)} characters long; a node name has at most 253")
+    return value
+
+
+def parse_extender_args(raw: Any) -> ExtenderArgs:
+    args = _fold(raw, "ExtenderArgs")
+    pod = args.get("pod")
+    if pod is None:
+        raise WireError("Pod", "is missing; the extender needs the pod being scheduled")
+    if not isinstance(pod, Mapping):
+        raise WireError("Pod", "must be a JSON object (a v1.Pod)")
+    names_raw = args.get("nodenames")
+    nodes_raw = args.get("nodes")
+    if names_raw is not None:
+        if not isinstance(names_raw, list):
+            raise WireError("NodeNames", "must be a list of node names")
+        # The common case checked at C speed; the slow loop only finds the culprit.
+        if not all(type(v) is str and 0 < len(v) <= MAX_NAME for v in names_raw):
+            for i, v in enumerate(names_raw):
+                _node_name(v, f"NodeNames[{i}]")
+        return ExtenderArgs(dict(pod), names_raw, None, None)
+    if nodes_raw is not None:
+        if not isinstance(nodes_raw, Mapping):
+            raise WireError("Nodes", "must be a v1.NodeList object")
+        items = nodes_raw.get("items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise WireError("Nodes.items", "must be a list of v1.Node objects")
+        names = []
+        for i, node in enumerate(items):
+            meta = node.get("metadata") if isinstance(node, Mapping) else None
+            if not isinstance(meta, Mapping):
+                raise WireError(f"Nodes.items[{i}].metadata", "must be an object with a name")
+            names.append(_node_name(meta.get("name"), f"Nodes.items[{i}].metadata.name"))
+        return ExtenderArgs(dict(pod), names, list(items), dict(nodes_raw))
+    raise WireError(
+        "NodeNames",
+        "is missing; send NodeNames (nodeCacheCapable: true) or Nodes (a v1.NodeList)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    pod_name: str
+    namespace: str
+    pod_uid: str
+    node: str
+
+
+def parse_binding_args(raw: Any) -> BindingArgs:
+    args = _fold(raw, "ExtenderBindingArgs")
+
+    def text(key: str, label: str, limit: int) -> str:
+        value = args.get(key)
+        if value is None:
+            raise WireError(label, "is missing")
+        if not isinstance(value, str) or not value:
+            raise WireError(label, "must be a non-empty string")
+        if len(value) > limit:
+            raise WireError(label, f"is {len(value)} characters long; at most {limit}")
+        return value
+
+    name = text("podname", "PodName", MAX_NAME)
+    namespace = text("podnamespace", "PodNamespace", 63)
+    uid = text("poduid", "PodUID", MAX_UID)
+    node = text("node", "Node", MAX_NAME)
+    if not is_namespace(namespace):
+        raise WireError("PodNamespace", f"{namespace!r} is not a namespace: {NAMESPACE_HELP}")
+    if not is_node_name(node):
+        raise WireError("Node", f"{node!r} is not a node name: {NODE_NAME_HELP}")
+    if not is_node_name(name):
+        raise WireError("PodName", f"{name!r} is not a pod name (a DNS subdomain)")
+    return BindingArgs(name, namespace, uid, node)
+
+
+def filter_result(
+    args: ExtenderArgs | None,
+    feasible: list[str] | None,
+    failed: Mapping[str, str] | None = None,
+    unresolvable: Mapping[str, str] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """ExtenderFilterResult; with `Nodes` input the feasible v1.Node objects come back too."""
+    nodes: dict[str, Any] | None = None
+    if args is not None and args.nodes is not None and feasible is not None:
+        keep = set(feasible)
+        items = [n for n, name in zip(args.nodes, args.node_names, strict=True) if name in keep]
+        nodes = {**(args.node_list or {}), "items": items}
+    return {
+        "Nodes": nodes,
+        "NodeNames": feasible,
+        "FailedNodes": dict(failed) if failed else None,
+        "FailedAndUnresolvableNodes": dict(unresolvable) if unresolvable else None,
+        "Error": error,
+    }
+
+
+def host_priority_list(scores: Iterable[tuple[str, int]]) -> str:
+    """HostPriorityList JSON, `[{"Host": ..., "Score": ...}]`, built directly: for 1,000 nodes
+    this is a third of the cost of building dicts and dumping them."""
+    items = [f'{{"Host":{encode_basestring_ascii(h)},"Score":{int(s)}}}' for h, s in scores]
+    return "[" + ",".join(items) + "]"

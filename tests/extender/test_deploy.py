@@ -1,0 +1,59 @@
+"""The scheduler profile and webhook manifests say what docs/extender.md says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
+RESOURCES = {
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+}
+
+
+def docs(path: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / path).read_text()) if d]
+
+
+def test_scheduler_profile_calls_the_loopback_extender_for_all_three_verbs() -> None:
+    [config] = docs("scheduler/scheduler-config.yaml")
+    assert [p["schedulerName"] for p in config["profiles"]] == ["tessera-scheduler"]
+    [ext] = config["extenders"]
+    assert ext["urlPrefix"].startswith("http://127.0.0.1:")
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
+        "filter", "prioritize", "bind",
+    )  # fmt: skip
+    assert ext["nodeCacheCapable"] is True and ext["weight"] > 0 and ext["httpTimeout"]
+    assert {r["name"] for r in ext["managedResources"]} == RESOURCES
+    assert all(r["ignoredByScheduler"] is True for r in ext["managedResources"])
+    # the ConfigMap the Deployment mounts carries the same configuration
+    configmap = next(d for d in docs("scheduler/deployment.yaml") if d["kind"] == "ConfigMap")
+    assert yaml.safe_load(configmap["data"]["scheduler-config.yaml"]) == config
+
+
+def test_sidecar_serves_the_extender_on_loopback_only_with_the_key_file() -> None:
+    deployment = next(d for d in docs("scheduler/deployment.yaml") if d["kind"] == "Deployment")
+    [sidecar] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "extender"]  # fmt: skip
+    assert "--bind=127.0.0.1:8001" in sidecar["command"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["TESSERA_SERVE_EXTENDER"] == "1" and env["TESSERA_ENV"] == "production"
+    assert env["TESSERA_ALLOCATION_KEY_FILE"]
+
+
+def test_webhook_configuration() -> None:
+    [config] = docs("webhook/mutatingwebhookconfiguration.yaml")
+    [hook] = config["webhooks"]
+    assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+    assert hook["failurePolicy"] == "Fail" and hook["timeoutSeconds"] <= 10
+    assert hook["clientConfig"]["service"]["path"] == "/webhook/mutate"
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {"kube-system", "tessera-system"} <= set(excluded)
+    assert hook["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+         "resources": ["pods"], "scope": "Namespaced"}
+    ]  # fmt: skip

@@ -1,0 +1,176 @@
+"""The Kubernetes adapter: the real client against a local HTTP server speaking the API
+server's answers, and the embedded stand-in's pod and bind rules."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from controlplane import kube
+from tests.extender.builders import gpu_pod
+
+STATUS_201 = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Success",
+    "code": 201,
+}
+
+
+class FakeApiServer(BaseHTTPRequestHandler):
+    """Answers the two calls bind makes, the way kube-apiserver does."""
+
+    requests: list[tuple[str, str, Any]] = []
+    binding_status = 201
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self.requests.append(("POST", self.path, body))
+        if self.binding_status == 201:
+            self._send(201, STATUS_201)
+        else:
+            self._send(
+                self.binding_status,
+                {"kind": "Status", "status": "Failure", "code": self.binding_status,
+                 "message": 'pods "p" is already assigned to node "n9"', "reason": "Conflict"},
+            )  # fmt: skip
+
+    def do_GET(self) -> None:
+        self.requests.append(("GET", self.path, None))
+        if self.path.startswith("/api/v1/namespaces/default/pods/p"):
+            self._send(200, gpu_pod())
+        else:
+            self._send(404, {"kind": "Status", "code": 404, "message": "pods not found"})
+
+
+@pytest.fixture
+def api_server():
+    FakeApiServer.requests = []
+    FakeApiServer.binding_status = 201
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApiServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = k8s.Configuration()
+    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    yield kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+    server.shutdown()
+
+
+def test_real_client_binding_answered_with_a_status_is_a_success(api_server) -> None:
+    kube.reset_api_ms()
+    api_server.bind_pod("default", "p", "uid-1", "n1", {"tessera.io/allocation": "{}"})
+    method, path, body = FakeApiServer.requests[-1]
+    assert (method, path) == ("POST", "/api/v1/namespaces/default/pods/p/binding")
+    assert body == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": "p",
+            "namespace": "default",
+            "uid": "uid-1",
+            "annotations": {"tessera.io/allocation": "{}"},
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+    }
+    assert kube.api_ms() > 0
+
+
+def test_the_generated_client_alone_would_mistake_that_status_for_a_failure(api_server) -> None:
+    """Why the adapter reads the raw answer: the stock call raises after the bind happened."""
+    body = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name="p", namespace="default"),
+        target=k8s.V1ObjectReference(kind="Node", name="n1"),
+    )
+    with pytest.raises(ValueError, match="target"):
+        api_server._api.create_namespaced_pod_binding("p", "default", body)
+    assert FakeApiServer.requests[-1][0] == "POST"  # the POST did go out
+
+
+def test_real_client_errors_become_kube_errors_with_what_we_know(api_server) -> None:
+    FakeApiServer.binding_status = 409
+    with pytest.raises(kube.KubeError) as err:
+        api_server.bind_pod("default", "p", "uid-1", "n1", {})
+    assert err.value.status == 409 and err.value.applied is False
+    assert "already assigned" in err.value.message
+    FakeApiServer.binding_status = 500
+    with pytest.raises(kube.KubeError) as err:
+        api_server.bind_pod("default", "p", "uid-1", "n1", {})
+    assert err.value.status == 500 and err.value.applied is None
+
+
+def test_real_client_reads_pods_as_the_api_server_serves_them(api_server) -> None:
+    pod = api_server.get_pod("default", "p")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert api_server.get_pod("default", "missing") is None
+
+
+def test_unreachable_api_server_is_a_not_applied_error() -> None:
+    config = k8s.Configuration()
+    config.host = "http://127.0.0.1:9"  # discard port: nothing listens
+    config.retries = False
+    adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+    with pytest.raises(kube.KubeError) as err:
+        adapter.bind_pod("default", "p", "uid-1", "n1", {})
+    assert err.value.applied is False and "unreachable" in err.value.message
+
+
+# --- the embedded stand-in -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_embedded_pods_create_get_list_bind_watch_delete() -> None:
+    api = kube.EmbeddedKube()
+    cursor = "0"
+    created = api.create_pod(gpu_pod("a"))
+    uid = created["metadata"]["uid"]
+    assert created["status"]["phase"] == "Pending"
+    with pytest.raises(kube.KubeError) as dup:
+        api.create_pod(gpu_pod("a"))
+    assert dup.value.conflict
+    assert api.get_pod("default", "a")["metadata"]["uid"] == uid
+    assert api.get_pod("default", "zzz") is None
+
+    with pytest.raises(kube.KubeError) as wrong_uid:
+        api.bind_pod("default", "a", "not-the-uid", "n1", {})
+    assert wrong_uid.value.conflict and "Precondition" in wrong_uid.value.message
+    api.bind_pod("default", "a", uid, "n1", {"tessera.io/allocation": "{}"})
+    bound = api.get_pod("default", "a")
+    assert bound["spec"]["nodeName"] == "n1"
+    assert bound["metadata"]["annotations"]["tessera.io/allocation"] == "{}"
+    with pytest.raises(kube.KubeError) as twice:
+        api.bind_pod("default", "a", uid, "n2", {})
+    assert twice.value.conflict and "already assigned" in twice.value.message
+    assert [p["metadata"]["name"] for p in api.list_pods(node_name="n1")] == ["a"]
+    assert api.list_pods(node_name="n2") == []
+
+    assert api.delete_pod("default", "a") is True
+    assert api.delete_pod("default", "a") is False
+    events = [(e.type, e.pod["metadata"]["name"]) for e in api.watch_pods(cursor, 0)]
+    assert events == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+    with pytest.raises(kube.KubeError) as gone:
+        api.bind_pod("default", "a", uid, "n1", {})
+    assert gone.value.not_found
+
+
+def test_get_kube_follows_the_configured_mode(settings) -> None:
+    settings.TESSERA = {**settings.TESSERA, "KUBE_MODE": "embedded"}
+    assert isinstance(kube.get_kube(), kube.EmbeddedKube)
+    assert kube.get_kube() is kube.get_kube()

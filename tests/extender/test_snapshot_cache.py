@@ -1,0 +1,108 @@
+"""The filter's per-process snapshot cache: bounded staleness, own binds seen at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controlplane.extender import snapshots
+from controlplane.extender.snapshots import snapshot_cache
+from controlplane.ledger import services
+from controlplane.ledger.models import Node
+from controlplane.scheduling import parse_pod
+from tests.builders import make_node
+from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.conftest import post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cached(settings, monkeypatch):
+    """The cache on, refreshed in the request (a thread would not see the test's transaction)."""
+    settings.TESSERA = {**settings.TESSERA, "FILTER_SNAPSHOT_TTL_MS": 200}
+    monkeypatch.setattr(snapshot_cache, "background", False)
+    snapshot_cache.clear()
+    yield
+    snapshot_cache.clear()
+
+
+def feasible(client, pod, names) -> list[str]:
+    return post(client, "/scheduler/filter", filter_args(pod, names)).json()["NodeNames"]
+
+
+def test_other_writers_show_within_the_ttl(client, cached, django_assert_max_num_queries) -> None:
+    rebuilds = snapshot_cache.full_rebuilds
+    make_node("n1", cards=1, memory_mib=10000)
+    assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
+    # another replica reserves (not through this process's bind)
+    services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+    # within the TTL the cache may still say yes (an accelerator; bind would refuse) ...
+    # only the decision upsert in its transaction (+ SET LOCAL on PostgreSQL); quotas come
+    # with the snapshot; re-reading the snapshot would add 3 queries or more
+    with django_assert_max_num_queries(4):
+        assert feasible(client, gpu_pod("b", mem=6000), ["n1"]) == ["n1"]
+    time.sleep(0.25)
+    # ... after it, the incremental refresh has picked the change up
+    assert feasible(client, gpu_pod("c", mem=6000), ["n1"]) == []
+    assert snapshot_cache.full_rebuilds == rebuilds + 1 and snapshot_cache.refreshes >= 1
+
+
+def test_this_process_binds_are_seen_at_once(client, cached, fake_kube) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    first = fake_kube.add(gpu_pod("first", mem=6000))
+    assert feasible(client, first, ["n1"]) == ["n1"]
+    assert post(client, "/scheduler/bind", bind_args(first, "n1")).json() == {"Error": ""}
+    assert feasible(client, gpu_pod("second", mem=6000), ["n1"]) == []  # no TTL wait
+
+
+def test_new_nodes_appear_and_deleted_ones_go(client, cached, monkeypatch) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1"]
+    make_node("n2", cards=1, memory_mib=10000)
+    time.sleep(0.25)
+    assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1", "n2"]
+    # a node deleted outright: the counts drop, which forces a full rebuild
+    Node.objects.get(name="n2").cards.all().delete()
+    Node.objects.filter(name="n2").delete()
+    rebuilds = snapshot_cache.full_rebuilds
+    time.sleep(0.25)
+    feasible(client, gpu_pod(), ["n1", "n2"])  # notices the deletion
+    assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1"]
+    assert snapshot_cache.full_rebuilds == rebuilds + 1
+    # and a full rebuild also happens when one is simply due
+    monkeypatch.setattr(snapshots, "FULL_REFRESH_S", 0.0)
+    time.sleep(0.25)
+    feasible(client, gpu_pod(), ["n1"])
+    assert snapshot_cache.full_rebuilds >= rebuilds + 2
+
+
+def test_ttl_zero_reads_the_ledger_every_time(client) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
+    services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+    assert feasible(client, gpu_pod("b", mem=6000), ["n1"]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_background_thread_keeps_it_fresh_off_the_request_path(client, settings) -> None:
+    settings.TESSERA = {**settings.TESSERA, "FILTER_SNAPSHOT_TTL_MS": 100}
+    assert snapshot_cache.background
+    rebuilds, refreshes = snapshot_cache.full_rebuilds, snapshot_cache.refreshes
+    try:
+        make_node("n1", cards=1, memory_mib=10000)
+        assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
+        services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+        deadline = time.monotonic() + 5
+        while (
+            time.monotonic() < deadline
+            and snapshot_cache.get().by_name["n1"].cards[0].used_memory_mib == 0
+        ):
+            time.sleep(0.05)
+        assert feasible(client, gpu_pod("b", mem=6000), ["n1"]) == []
+        assert snapshot_cache.full_rebuilds == rebuilds + 1  # the first read only
+        assert snapshot_cache.refreshes > refreshes
+    finally:
+        snapshot_cache.clear()  # stops the thread
+        time.sleep(0.25)
