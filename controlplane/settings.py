@@ -150,7 +150,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several threads/processes (gunicorn workers, the demo) share the file: wait for locks
     # instead of failing at once, and take the write lock at BEGIN so lock -> recompute -> commit
     # cannot be interleaved.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    # WAL lets readers (filter, dashboard) run while one writer commits; NORMAL sync is safe
+    # under WAL (a power cut may lose the last commits, never corrupt the file).
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -130,11 +130,13 @@ def cluster_snapshot(node_names: Iterable[str] | None = None) -> Snapshot:
     return _build_snapshot(list(nodes_qs), list(cards_qs), _active_slice_rows(slices_qs))
 
 
-def node_state(node: Node) -> NodeState:
-    """One node as the core sees it, from committed rows (two queries). Used under the node lock."""
+def node_state(node: Node) -> tuple[NodeState, dict[str, int]]:
+    """One node as the core sees it, from committed rows (two queries), with its cards' ids by
+    UUID (for writing slices). Used under the node lock."""
     cards = list(Card.objects.filter(node=node))
     rows = _active_slice_rows(Slice.objects.filter(card__node=node))
-    return _build_snapshot([node], cards, rows).nodes[0]
+    state = _build_snapshot([node], cards, rows).nodes[0]
+    return state, {c.uuid: c.pk for c in cards}
 
 
 def _build_snapshot(nodes: list[Node], cards: list[Card], rows: list[_SliceRow]) -> Snapshot:

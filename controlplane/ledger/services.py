@@ -258,7 +258,8 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
             field="pod_uid",
         )
 
-    placed = place_on_node(selectors.node_state(node), request)
+    state, card_ids = selectors.node_state(node)
+    placed = place_on_node(state, request)
     if isinstance(placed, NodeFit):
         raise AllocationRefused(
             f"pod {request.namespace}/{request.name} no longer fits on {node_name}: "
@@ -298,7 +299,6 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
             deadline=deadline,
             reserved_at=now,
         )
-    card_ids = dict(Card.objects.filter(node=node).values_list("uuid", "pk"))
     Slice.objects.bulk_create(
         Slice(
             binding=binding,

@@ -63,10 +63,30 @@ class _Failure:
 
 
 def _allowed(view: NodeView, plan: Plan) -> tuple[bool, ...] | None:
-    """Per card position, whether the include/exclude annotations let the pod use it."""
+    """Per card position, whether the include/exclude annotations let the pod use it.
+
+    None when the pod has no such annotation. The type part depends only on the node's
+    list of models, which repeats across a cluster, so it is memoised per plan; the uuid
+    part is skipped with one C-level set test on nodes the uuid lists do not mention.
+    """
     if not plan.filtered:
         return None
-    return tuple(plan.card_allowed(m, u) for m, u in zip(view.model_l, view.uuid_l, strict=True))
+    key = view.models_key
+    mask = plan.mask_memo.get(key)
+    if mask is None:
+        mask = plan.mask_memo[key] = tuple(plan.type_allowed(m) for m in view.model_l)
+    use, nouse = plan.use_uuids, plan.nouse_uuids
+    if use or nouse:
+        uuids = view.uuid_l
+        if use and use.isdisjoint(uuids):
+            return (False,) * view.n
+        if not use and nouse.isdisjoint(uuids):
+            return mask
+        mask = tuple(
+            ok and (not use or u in use) and u not in nouse
+            for ok, u in zip(mask, uuids, strict=True)
+        )
+    return mask
 
 
 def _greedy(
@@ -195,84 +215,32 @@ def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, e
     return found
 
 
-def _greedy_abs(
-    view: NodeView, apps: tuple[tuple[int, int, int], ...], keys: tuple[int, ...], binpack: bool
-) -> bool:
-    """Exactly ``_greedy``'s verdict for app containers given as (MiB, cores, gpus).
-
-    Preconditions (``Plan.abs_apps``): absolute memory, no exclusive container, no card
-    filters, and ``keys`` the node's packed keys for the policy. Then a card can take a
-    slice iff it is live, has the memory and has the compute; the greedy's order, (free
-    after placement, position), is the order of the keys ``free << KEY_BITS | position``
-    (for spread the position is flipped and the list read from the top). Each container
-    takes the first ``gpus`` keys in that order that pass the compute test, exactly the
-    head of the greedy's sorted candidate list; those cards then lose the memory, the
-    compute and a slot. A card whose last slot goes gets a key below every need, so it is
-    never picked again. Init containers are checked separately (they leave no trace here).
-    """
-    fc = list(view.fcu)
-    fs = list(view.fslots)
-    work = list(keys)
-    for need, cores, gpus in apps:
-        floor = need << KEY_BITS  # keys >= floor are exactly the cards with free >= need
-        last = len(work)
-        picked: list[int] = []
-        if binpack:
-            j = bisect_left(work, floor)
-            if cores == 0:
-                # Every live card keeps compute >= 0, so the compute test always passes.
-                if last - j < gpus:
-                    return False
-                picked = list(range(j, j + gpus))
-            else:
-                while j < last:
-                    if fc[work[j] & KEY_MASK] >= cores:
-                        picked.append(j)
-                        if len(picked) == gpus:
-                            break
-                    j += 1
-                else:
-                    return False
-        else:
-            if cores == 0:
-                if last < gpus or work[last - gpus] < floor:
-                    return False
-                picked = list(range(last - gpus, last))
-            else:
-                j = last - 1
-                while j >= 0:
-                    key = work[j]
-                    if key < floor:
-                        return False
-                    if fc[KEY_MASK - (key & KEY_MASK)] >= cores:
-                        picked.append(j)
-                        if len(picked) == gpus:
-                            break
-                    j -= 1
-                else:
-                    return False
-        for j in picked:
-            key = work[j]
-            p = key & KEY_MASK if binpack else KEY_MASK - (key & KEY_MASK)
-            fc[p] -= cores
-            fs[p] -= 1
-            work[j] = key - floor if fs[p] > 0 else _GONE
-        work.sort()
-    return True
-
-
 def _multi_abs_fitter(plan: Plan) -> _Fitter:
-    """ "The greedy succeeds" for plans with ``abs_apps`` (see :func:`_fits_general`).
+    """ "The greedy succeeds" for plans with ``abs_apps``: absolute memory, no exclusive app
+    container, no card filters (see :func:`_fits_general` for the general case).
 
-    Before running :func:`_greedy_abs` the test tries three O(1) refusals, each a necessary
-    condition of any placement (every app slice lands on a live card, within its free
-    memory, in one of its free slots), and the stack acceptance of ``_fits_general``
-    step 3, walking live cards from the most free memory down. The plan's numbers are
-    bound once into a closure: this runs for every node of the cluster.
+    1. O(1) refusals, each a necessary condition of any placement: every app slice lands on
+       a live card (free slot, no exclusive tenant), within its free memory and compute and
+       in one of its free slots; so the largest ask must fit the best card and the totals
+       must fit the node's totals.
+    2. The stack acceptance of ``_fits_general`` step 3, walking live cards from the most
+       free memory down (it stops at the first card too small).
+    3. Otherwise the greedy itself, on packed keys: a card can take a slice iff it is live,
+       has the memory and has the compute, and the greedy's order (free after placement,
+       position) is the order of the keys ``free << KEY_BITS | position`` (for spread the
+       position is flipped and the list read from the top). Each container takes the first
+       ``gpus`` keys in that order that pass the compute test, exactly the head of the
+       greedy's sorted candidate list; those cards lose the memory, the compute and a slot,
+       and a card whose last slot goes gets a key below every need. Init containers are
+       counted separately; they leave no trace on the app containers' room.
+
+    The plan's numbers are bound once into a closure: this runs for every node of the
+    cluster.
     """
     apps = plan.abs_apps
     assert apps is not None
     max_mem, total_mem, slices = plan.app_max_mem, plan.app_total_mem, plan.app_slices
+    max_cores, total_cores = plan.app_max_cores, plan.app_compute
     inits = plan.inits
     stack_mem, stack_cores, n_app = plan.stack_abs, plan.stack_cores, len(plan.apps)
     enough = plan.max_app_gpus
@@ -284,6 +252,8 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
             or max_mem > view.max_fmem
             or total_mem > view.live_free
             or slices > view.live_slots
+            or max_cores > view.max_fcu
+            or total_cores > view.live_compute
         ):
             return False
         for cp in inits:
@@ -301,7 +271,60 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
         keys = view.keys_binpack if binpack else view.keys_spread
         if keys is None:
             return not isinstance(_greedy(view, plan, None), _Failure)
-        return _greedy_abs(view, apps, keys, binpack)
+        fc_ = list(view.fcu)
+        # A card takes at most one slice per app container: with that many free slots on
+        # every live card, slots cannot run out and need no tracking.
+        fs_ = list(view.fslots) if view.min_live_slots < n_app else None
+        work = list(keys)
+        # A picked card's key is rewritten in place as soon as it is picked: the scan never
+        # returns to an index it passed, and the list is re-sorted once per container.
+        for need, cores, gpus in apps:
+            floor = need << KEY_BITS  # keys >= floor: exactly the cards with free >= need
+            last = len(work)
+            left = gpus
+            if binpack:
+                j = bisect_left(work, floor)
+                if last - j < gpus:
+                    return False
+                while j < last:
+                    key = work[j]
+                    p = key & KEY_MASK
+                    # Live cards keep compute >= 0, so a 0% ask always passes.
+                    if fc_[p] >= cores:
+                        fc_[p] -= cores
+                        if fs_ is None:
+                            work[j] = key - floor
+                        else:
+                            fs_[p] -= 1
+                            work[j] = key - floor if fs_[p] else _GONE
+                        left -= 1
+                        if not left:
+                            break
+                    j += 1
+                else:
+                    return False
+            else:
+                j = last - 1
+                while j >= 0:
+                    key = work[j]
+                    if key < floor:
+                        return False
+                    p = KEY_MASK - (key & KEY_MASK)
+                    if fc_[p] >= cores:
+                        fc_[p] -= cores
+                        if fs_ is None:
+                            work[j] = key - floor
+                        else:
+                            fs_[p] -= 1
+                            work[j] = key - floor if fs_[p] else _GONE
+                        left -= 1
+                        if not left:
+                            break
+                    j -= 1
+                else:
+                    return False
+            work.sort()
+        return True
 
     return fits
 
@@ -349,9 +372,32 @@ def _fits_general(view: NodeView, plan: Plan) -> bool:
 def _fitter(plan: Plan) -> _Fitter:
     """The cheapest exact node test for ``plan``.
 
-    For one container with one slice and no include/exclude annotations, the greedy
-    succeeds iff some card passes the slice test, so the test is an ``any`` over cards; with
-    absolute memory and no compute ask it is "need <= the node's best free memory", O(1).
+    With include/exclude annotations, a node where the pod may use every schedulable card
+    is tested as if there were none, a node where it may use none fails, and only the
+    rest take the general path with a per-card mask.
+    """
+    base = _shape_fitter(plan)
+    if not plan.filtered:
+        return base
+
+    def filtered(view: NodeView) -> bool:
+        mask = _allowed(view, plan)
+        assert mask is not None
+        if all(mask):
+            return base(view)
+        if not any(mask):
+            return False
+        return _fits_general(view, plan)
+
+    return filtered
+
+
+def _shape_fitter(plan: Plan) -> _Fitter:
+    """The cheapest exact node test for ``plan``'s shape, card filters left out.
+
+    For one container with one slice the greedy succeeds iff some card passes the slice
+    test, so the test is an ``any`` over cards; with absolute memory and no compute ask it
+    is "need <= the node's best free memory", O(1).
     """
     if plan.abs_apps is not None:
         return _multi_abs_fitter(plan)
@@ -408,11 +454,13 @@ def _static_reason(card: CardState, plan: Plan, request: PodRequest) -> Refusal 
         )
     if not plan.filtered:
         return None
-    if not plan.type_allowed(card.model.lower()):
-        if request.use_types:
+    model_l = card.model.lower()
+    if not plan.type_allowed(model_l):
+        if request.use_types and not any(t in model_l for t in request.use_types):
             why = f"nvidia.com/use-gputype allows only {', '.join(request.use_types)}"
         else:
-            why = f"nvidia.com/nouse-gputype excludes {', '.join(request.nouse_types)}"
+            hits = [t for t in request.nouse_types if t in model_l]
+            why = f"nvidia.com/nouse-gputype excludes {', '.join(hits)}"
         return Refusal(ReasonCode.TYPE_EXCLUDED, f"{name} is excluded: {why}", card.uuid, True)
     uuid_l = card.uuid.lower()
     if plan.use_uuids and uuid_l not in plan.use_uuids:
@@ -490,6 +538,32 @@ def _room_reason(card: CardState, p: int, failure: _Failure, who: str) -> Refusa
     )
 
 
+def _all_excluded(node: NodeState, plan: Plan, request: PodRequest) -> Refusal:
+    """One refusal for a node whose every (schedulable) card the annotations exclude."""
+    models = ", ".join(sorted({c.model for c in node.cards}))
+    lowered = {c.model.lower() for c in node.cards}
+    if not any(plan.type_allowed(m) for m in lowered):
+        wanted = request.use_types
+        if wanted and not any(t in m for m in lowered for t in wanted):
+            why = f"nvidia.com/use-gputype allows only {', '.join(wanted)}"
+        else:
+            hits = [t for t in request.nouse_types if any(t in m for m in lowered)]
+            why = f"nvidia.com/nouse-gputype excludes {', '.join(hits)}"
+        return Refusal(
+            ReasonCode.TYPE_EXCLUDED,
+            f"node {node.name}: all {len(node.cards)} cards ({models}) are excluded: {why}",
+            None,
+            True,
+        )
+    return Refusal(
+        ReasonCode.UUID_EXCLUDED,
+        f"node {node.name}: all {len(node.cards)} cards are excluded by the pod's "
+        "nvidia.com/use-gpuuuid / nouse-gpuuuid",
+        None,
+        True,
+    )
+
+
 def _ever_fits(card: CardState, cp: ContainerPlan) -> bool:
     """Whether an otherwise empty copy of this (schedulable, allowed) card could take a slice."""
     return (
@@ -537,7 +611,16 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
         )
     view = node.view
     plan = request.plan
-    outcome = _greedy(view, plan, _allowed(view, plan))
+    allowed = _allowed(view, plan)
+    if (
+        allowed is not None
+        and len(node.cards) > 1
+        and view.n == len(node.cards)
+        and not any(allowed)
+    ):
+        # A node of the wrong model: one line says it better than one per card.
+        return (_all_excluded(node, plan, request),)
+    outcome = _greedy(view, plan, allowed)
     if not isinstance(outcome, _Failure):
         return ()
     cp = outcome.container
@@ -664,6 +747,7 @@ def filter_nodes(
     Both keep the input order; names the snapshot does not know get an UNKNOWN_NODE refusal.
     """
     fits = _fitter(request.plan)
+    deferred = NodeFit.deferred
     by_name = snapshot.by_name
     feasible: list[str] = []
     failed: list[NodeFit] = []
@@ -688,7 +772,7 @@ def filter_nodes(
         elif fits(node.view):
             feasible.append(name)
         else:
-            failed.append(NodeFit.deferred(explain, node, request))
+            failed.append(deferred(explain, node, request))
     return feasible, failed
 
 

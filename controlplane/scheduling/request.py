@@ -126,6 +126,8 @@ class Plan:
 
     __slots__ = (
         "abs_apps",
+        "app_compute",
+        "app_max_cores",
         "app_max_mem",
         "app_slices",
         "app_total_mem",
@@ -134,6 +136,7 @@ class Plan:
         "filtered",
         "gpu_binpack",
         "inits",
+        "mask_memo",
         "max_app_gpus",
         "node_binpack",
         "nouse_types",
@@ -163,26 +166,32 @@ class Plan:
         self.gpu_binpack = request.gpu_policy == BINPACK
         self.node_binpack = request.node_policy == BINPACK
         only = self.containers[0] if len(self.containers) == 1 else None
-        self.single = only if only is not None and only.gpus == 1 and not self.filtered else None
+        # The shapes below ignore card filters: with filters the filter first works out
+        # which cards the pod may use, and uses these shapes when that is all of them.
+        self.single = only if only is not None and only.gpus == 1 else None
         self.max_app_gpus = max((c.gpus for c in self.apps), default=0)
         self.stack_abs = sum(c.value for c in self.apps if c.kind == 0)
         self.stack_pcts = tuple(c.value for c in self.apps if c.kind == 1)
         self.stack_whole = sum(1 for c in self.apps if c.kind == 2)
         self.stack_cores = sum(c.cores for c in self.apps)
         self.stack_exclusive = any(c.cores >= 100 for c in self.apps)
-        # Two or more app containers, all with absolute memory, none exclusive, no card
-        # filters: the common multi-container shape, which the filter runs on packed keys.
+        # Two or more app containers, all with absolute memory, none exclusive: the common
+        # multi-container shape, which the filter runs on packed keys.
         simple = all(c.kind == 0 and c.cores < 100 for c in self.apps)
         self.abs_apps = (
             tuple((c.value, c.cores, c.gpus) for c in self.apps)
-            if simple and len(self.apps) >= 2 and not self.filtered
+            if simple and len(self.apps) >= 2
             else None
         )
         self.app_max_mem = max((c.value for c in self.apps if c.kind == 0), default=0)
         self.app_total_mem = sum(c.value * c.gpus for c in self.apps if c.kind == 0)
         self.app_slices = sum(c.gpus for c in self.apps)
-        # model (lower-case) -> allowed by use/nouse-gputype; models repeat across a cluster.
+        self.app_compute = sum(c.cores * c.gpus for c in self.apps)
+        self.app_max_cores = max((c.cores for c in self.apps), default=0)
+        # model (lower-case) -> allowed by use/nouse-gputype; models repeat across a cluster,
+        # and so do whole nodes' model lists (memoised as per-card masks).
         self.type_memo: dict[str, bool] = {}
+        self.mask_memo: dict[str, tuple[bool, ...]] = {}
 
     def type_allowed(self, model_l: str) -> bool:
         """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""

@@ -131,12 +131,13 @@ class NodeFit:
     ) -> NodeFit:
         """An infeasible fit whose refusals ``explain(state, request)`` works out when read."""
         fit = object.__new__(cls)
-        object.__setattr__(fit, "node", state.name)
-        object.__setattr__(fit, "feasible", False)
-        object.__setattr__(fit, "_refusals", None)
-        object.__setattr__(fit, "_explain", explain)
-        object.__setattr__(fit, "_state", state)
-        object.__setattr__(fit, "_request", request)
+        put = object.__setattr__  # the filter makes one of these per infeasible node
+        put(fit, "node", state.name)
+        put(fit, "feasible", False)
+        put(fit, "_refusals", None)
+        put(fit, "_explain", explain)
+        put(fit, "_state", state)
+        put(fit, "_request", request)
         return fit
 
     @property

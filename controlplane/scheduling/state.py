@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,10 @@ KEY_SPAN = 1 << KEY_BITS
 KEY_MASK = KEY_SPAN - 1
 
 
+# model_l, uuid_l, labels, models_key (see NodeView._texts)
+_Texts = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str]
+
+
 class NodeView:
     """Flat, precomputed numbers of one node's schedulable cards (internal to the core).
 
@@ -77,6 +82,7 @@ class NodeView:
     """
 
     __slots__ = (
+        "_text",
         "avg_mem",
         "busy",
         "by_index",
@@ -90,79 +96,137 @@ class NodeView:
         "fslots",
         "keys_binpack",
         "keys_spread",
-        "labels",
+        "live_compute",
         "live_free",
         "live_slots",
         "max_fcu",
         "max_fmem",
         "mem_total",
         "mem_used",
-        "model_l",
+        "min_live_slots",
         "n",
         "ok",
         "raw_fmem",
         "tmem",
-        "uuid_l",
     )
 
     def __init__(self, ready: bool, cordoned: bool, cards: tuple[CardState, ...]) -> None:
-        order = sorted(range(len(cards)), key=lambda i: (cards[i].index, i))
-        sched = tuple(cards[i] for i in order if cards[i].schedulable)
-        self.cards = sched
+        # One pass over the cards (this runs for every node of every snapshot), in index
+        # order; selectors usually hand cards over sorted already.
+        ordered = cards
+        if any(a.index > b.index for a, b in pairwise(cards)):
+            ordered = tuple(sorted(cards, key=lambda c: c.index))  # stable: ties keep order
+        sched: list[CardState] = []
+        by_index: list[tuple[CardState, int]] = []
+        tmem: list[int] = []
+        raw: list[int] = []
+        fcu: list[int] = []
+        fslots: list[int] = []
+        busy: list[bool] = []
+        excl: list[bool] = []
+        fmem: list[int] = []
+        used_mem = 0
+        for c in ordered:
+            if not c.healthy or c.cordoned:
+                by_index.append((c, -1))
+                continue
+            by_index.append((c, len(sched)))
+            sched.append(c)
+            free = c.memory_mib - c.used_memory_mib
+            compute = c.compute_units - c.used_compute
+            slots = c.slots - c.used_slots
+            tmem.append(c.memory_mib)
+            raw.append(free)
+            fcu.append(compute)
+            fslots.append(slots)
+            busy.append(c.used_slots > 0 or c.used_memory_mib > 0 or c.used_compute > 0)
+            excl.append(c.exclusive)
+            # Free memory folded with the yes/no gates every slice passes: a card with no
+            # free slot, an exclusive tenant or over-committed compute offers -1 MiB, which
+            # no request (>= 0 MiB, >= 0% compute) fits in.
+            fmem.append(-1 if (c.exclusive or slots <= 0 or compute < 0) else free)
+            used_mem += c.used_memory_mib
+        n = len(sched)
+        self.cards = tuple(sched)
         # Every card (schedulable or not) by index, with its position among the schedulable
         # ones or -1: what explanations walk.
-        where = {id(c): p for p, c in enumerate(sched)}
-        self.by_index = tuple((cards[i], where.get(id(cards[i]), -1)) for i in order)
-        # "card GPU-… (model)", the start of every per-card sentence, made once here.
-        self.labels = tuple(f"card {c.uuid} ({c.model})" for c in sched)
-        self.n = len(sched)
-        self.ok = ready and not cordoned and bool(sched)
-        self.tmem = tuple(c.memory_mib for c in sched)
-        self.raw_fmem = tuple(c.memory_mib - c.used_memory_mib for c in sched)
-        self.fcu = tuple(c.compute_units - c.used_compute for c in sched)
-        self.fslots = tuple(c.slots - c.used_slots for c in sched)
-        self.busy = tuple(c.busy for c in sched)
-        self.excl = tuple(c.exclusive for c in sched)
-        # Free memory folded with the yes/no gates every slice passes: a card with no free
-        # slot, an exclusive tenant or over-committed compute offers -1 MiB, which no
-        # request (>= 0 MiB, >= 0% compute) fits in.
-        self.fmem = tuple(
-            -1
-            if (c.exclusive or c.used_slots >= c.slots or c.used_compute > c.compute_units)
-            else c.memory_mib - c.used_memory_mib
-            for c in sched
-        )
-        self.max_fmem = max(self.fmem, default=-1)
+        self.by_index = tuple(by_index)
+        self.n = n
+        self.ok = ready and not cordoned and n > 0
+        self.tmem = tuple(tmem)
+        self.raw_fmem = tuple(raw)
+        self.fcu = tuple(fcu)
+        self.fslots = tuple(fslots)
+        self.busy = tuple(b or e for b, e in zip(busy, excl, strict=True))
+        self.excl = tuple(excl)
+        self.fmem = tuple(fmem)
+        self.max_fmem = max(fmem, default=-1)
         # "Live" cards can take some slice now.
-        live = [p for p in range(self.n) if self.fmem[p] >= 0]
-        self.live_free = sum(self.fmem[p] for p in live)
-        self.live_slots = sum(self.fslots[p] for p in live)
-        self.max_fcu = max((self.fcu[p] for p in live), default=-1)
+        live = [p for p in range(n) if fmem[p] >= 0]
+        self.live_free = sum(fmem[p] for p in live)
+        self.live_slots = sum(fslots[p] for p in live)
+        self.live_compute = sum(fcu[p] for p in live)
+        self.max_fcu = max((fcu[p] for p in live), default=-1)
+        self.min_live_slots = min((fslots[p] for p in live), default=0)
         # Live cards by free memory, most first (ties: lower index), for scans that stop at
         # the first card too small.
-        desc = sorted(live, key=lambda p: (-self.fmem[p], p))
-        self.d_fmem = tuple(self.fmem[p] for p in desc)
-        self.d_fcu = tuple(self.fcu[p] for p in desc)
-        self.d_fslots = tuple(self.fslots[p] for p in desc)
+        desc = sorted(live, key=lambda p: (-fmem[p], p))
+        self.d_fmem = tuple(fmem[p] for p in desc)
+        self.d_fcu = tuple(fcu[p] for p in desc)
+        self.d_fslots = tuple(fslots[p] for p in desc)
         # Live cards packed into single ints, (free << KEY_BITS) | position, which sort like
         # (free, position): the greedy keeps them in a list sorted in C rather than
         # comparing tuples. Spread flips the position so that, scanned from the top, ties
         # still go to the lower index. Nodes with more cards than a key holds take the
         # general path.
-        if self.n <= KEY_SPAN:
+        if n <= KEY_SPAN:
             self.keys_binpack: tuple[int, ...] | None = tuple(
-                sorted((self.fmem[p] << KEY_BITS) | p for p in live)
+                sorted((fmem[p] << KEY_BITS) | p for p in live)
             )
             self.keys_spread: tuple[int, ...] | None = tuple(
-                sorted((self.fmem[p] << KEY_BITS) | (KEY_MASK - p) for p in live)
+                sorted((fmem[p] << KEY_BITS) | (KEY_MASK - p) for p in live)
             )
         else:
             self.keys_binpack = self.keys_spread = None
-        self.model_l = tuple(c.model.lower() for c in sched)
-        self.uuid_l = tuple(c.uuid.lower() for c in sched)
-        self.mem_total = sum(self.tmem)
-        self.mem_used = sum(c.used_memory_mib for c in sched)
-        self.avg_mem = self.mem_total // self.n if self.n else 0
+        self.mem_total = sum(tmem)
+        self.mem_used = used_mem
+        self.avg_mem = self.mem_total // n if n else 0
+        self._text: _Texts | None = None
+
+    def _texts(self) -> _Texts:
+        # Strings only explanations and card filters need, made on first use: most nodes of
+        # most snapshots never need them.
+        text = self._text
+        if text is None:
+            models = tuple(c.model.lower() for c in self.cards)
+            text = (
+                models,
+                tuple(c.uuid.lower() for c in self.cards),
+                tuple(f"card {c.uuid} ({c.model})" for c in self.cards),
+                "\n".join(models),
+            )
+            self._text = text
+        return text
+
+    @property
+    def models_key(self) -> str:
+        """The lower-cased models in one string: a dict key whose hash Python caches."""
+        return self._texts()[3]
+
+    @property
+    def model_l(self) -> tuple[str, ...]:
+        """Lower-cased models of the schedulable cards."""
+        return self._texts()[0]
+
+    @property
+    def uuid_l(self) -> tuple[str, ...]:
+        """Lower-cased uuids of the schedulable cards."""
+        return self._texts()[1]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """ "card GPU-… (model)", the start of every per-card sentence."""
+        return self._texts()[2]
 
 
 @dataclass(frozen=True, slots=True)

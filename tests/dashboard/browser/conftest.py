@@ -38,8 +38,10 @@ def chromium_path() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: Path) -> Iterator[object]:
+    """Module-scoped: Playwright's loop must be gone before later tests (e.g. the node plugin's
+    asyncio ones) run in this thread."""
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread; Django refuses ORM calls from a

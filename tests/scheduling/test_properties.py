@@ -1,0 +1,447 @@
+"""Property tests: random clusters and requests against the documented rules.
+
+The reference model below re-states docs/scheduling.md in the plainest code possible (one
+card, one slice, one check at a time) so that the fast paths in fit.py are checked against
+the rules, not against themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.scheduling import (
+    Assignment,
+    CardState,
+    ContainerRequest,
+    NodeFit,
+    NodeState,
+    PodRequest,
+    Snapshot,
+    claims_per_card,
+    filter_nodes,
+    fit_node,
+    parse_pod,
+    place_on_node,
+    prioritize,
+    score_node,
+)
+from tests.scheduling.builders import k8s_container, pod_json
+
+PROFILE = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA L4", "Tesla T4")
+TYPE_WORDS = ("a100", "l4", "t4", "nvidia", "h100", "80gb")
+
+
+@st.composite
+def cards(draw: st.DrawFn, prefix: str) -> tuple[CardState, ...]:
+    count = draw(st.integers(0, 6))
+    indexes = draw(st.permutations(list(range(count))))
+    out = []
+    for i in range(count):
+        memory = draw(st.sampled_from((0, 100, 4000, 10000, 24576, 40960, 81920)))
+        compute = draw(st.sampled_from((100, 100, 100, 50)))
+        slots = draw(st.integers(0, 4))
+        # Usage mostly within capacity, sometimes over it (a card that shrank, say).
+        used_slots = draw(st.integers(0, slots + 1))
+        used_memory = draw(st.integers(0, memory + 2000)) if used_slots else 0
+        used_compute = draw(st.sampled_from((0, 10, 30, 50, 90, 100, 120))) if used_slots else 0
+        out.append(
+            CardState(
+                uuid=f"GPU-{prefix}-{i}",
+                index=indexes[i],
+                model=draw(st.sampled_from(MODELS)),
+                memory_mib=memory,
+                compute_units=compute,
+                slots=slots,
+                numa_node=None,
+                healthy=draw(st.integers(0, 5)) != 0,
+                health_reason="XID 48",
+                cordoned=draw(st.integers(0, 9)) == 0,
+                used_memory_mib=used_memory,
+                used_compute=used_compute,
+                used_slots=used_slots,
+                exclusive=used_slots > 0 and draw(st.integers(0, 6)) == 0,
+            )
+        )
+    return tuple(out)
+
+
+@st.composite
+def nodes(draw: st.DrawFn, name: str = "n0") -> NodeState:
+    return NodeState(
+        name=name,
+        ready=draw(st.integers(0, 15)) != 0,
+        cordoned=draw(st.integers(0, 15)) == 0,
+        cards=draw(cards(name)),
+    )
+
+
+@st.composite
+def containers(draw: st.DrawFn) -> tuple[ContainerRequest, ...]:
+    count = draw(st.integers(1, 4))
+    out = []
+    counters = {True: 0, False: 0}
+    for i in range(count):
+        init = draw(st.integers(0, 4)) == 0
+        kind = draw(st.sampled_from(("abs", "abs", "abs", "pct", "whole")))
+        out.append(
+            ContainerRequest(
+                name=f"c{i}",
+                index=counters[init],
+                init=init,
+                gpus=draw(st.integers(1, 3)),
+                memory_mib=(
+                    draw(st.sampled_from((1, 500, 1000, 4000, 10000, 30000, 50000)))
+                    if kind == "abs"
+                    else None
+                ),
+                memory_percent=draw(st.integers(1, 100)) if kind == "pct" else None,
+                cores=draw(st.sampled_from((0, 0, 0, 10, 30, 50, 100))),
+            )
+        )
+        counters[init] += 1
+    # Kubernetes lists init containers first; so does parse_pod.
+    return tuple(sorted(out, key=lambda c: not c.init))
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> PodRequest:
+    filtered = draw(st.booleans())
+    uuids = [f"gpu-n{n}-{i}" for n in range(3) for i in range(6)]
+
+    def some(pool: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+        if not filtered:
+            return ()
+        return tuple(draw(st.lists(st.sampled_from(pool), max_size=2, unique=True)))
+
+    return PodRequest(
+        uid="u",
+        namespace="ns",
+        name="p",
+        containers=draw(containers()),
+        use_types=some(TYPE_WORDS),
+        nouse_types=some(TYPE_WORDS),
+        use_uuids=some(uuids),
+        nouse_uuids=some(uuids),
+        node_policy=draw(st.sampled_from(("binpack", "spread"))),
+        gpu_policy=draw(st.sampled_from(("binpack", "spread"))),
+    )
+
+
+NEEDS = (1, 500, 1000, 4000, 5000, 10000, 20000)
+
+
+@st.composite
+def tight_nodes(draw: st.DrawFn) -> NodeState:
+    """Healthy, ready nodes whose free room sits right at typical asks (edges matter)."""
+    count = draw(st.integers(2, 8))
+    out = []
+    for i in range(count):
+        memory = draw(st.sampled_from((10000, 24576, 40960)))
+        free = min(memory, draw(st.sampled_from((0, 4000, 5000, 8000, 10000, 10000, 15000, 20000))))
+        slots = draw(st.integers(1, 4))
+        used_slots = draw(st.integers(0, slots))
+        out.append(
+            CardState(
+                uuid=f"GPU-t-{i}",
+                index=i,
+                model=MODELS[i % 2],
+                memory_mib=memory,
+                compute_units=100,
+                slots=slots,
+                numa_node=0,
+                healthy=True,
+                health_reason="",
+                cordoned=False,
+                used_memory_mib=memory - free,
+                used_compute=100 - draw(st.sampled_from((0, 10, 30, 50, 60, 100, 100))),
+                used_slots=used_slots,
+                exclusive=used_slots > 0 and draw(st.integers(0, 9)) == 0,
+            )
+        )
+    return NodeState("t", True, False, tuple(out))
+
+
+@st.composite
+def fast_requests(draw: st.DrawFn) -> PodRequest:
+    """The shapes the filter's fast paths take: one slice, or 2-4 absolute app containers."""
+    shape = draw(st.sampled_from(("single", "multi", "multi", "multi-init")))
+    count = 1 if shape == "single" else draw(st.integers(2, 4))
+    asks = [
+        ContainerRequest(
+            name=f"c{i}",
+            index=i,
+            init=False,
+            gpus=1 if shape == "single" else draw(st.integers(1, 3)),
+            memory_mib=draw(st.sampled_from(NEEDS[2:])),
+            memory_percent=None,
+            cores=draw(st.sampled_from((0, 0, 10, 30, 50))),
+        )
+        for i in range(count)
+    ]
+    if shape == "multi-init":
+        asks.insert(0, ContainerRequest("w", 0, True, 1, draw(st.sampled_from(NEEDS)), None, 10))
+    # Filters that allow every card of a tight node, none, or some (models alternate).
+    return PodRequest(
+        uid="u",
+        namespace="ns",
+        name="p",
+        containers=tuple(asks),
+        use_types=draw(st.sampled_from(((), (), ("a100",), ("80gb",), ("l4",)))),
+        nouse_uuids=draw(st.sampled_from(((), (), ("gpu-t-0",), ("gpu-x",)))),
+        node_policy="binpack",
+        gpu_policy=draw(st.sampled_from(("binpack", "spread"))),
+    )
+
+
+# ------------------------------------------------------------ reference model
+
+
+def allowed(card: CardState, request: PodRequest) -> bool:
+    model = card.model.lower()
+    uuid = card.uuid.lower()
+    if request.use_types and not any(t in model for t in request.use_types):
+        return False
+    if any(t in model for t in request.nouse_types):
+        return False
+    if request.use_uuids and uuid not in request.use_uuids:
+        return False
+    return uuid not in request.nouse_uuids
+
+
+def reference_placement(
+    node: NodeState, request: PodRequest
+) -> dict[tuple[bool, int], list[str]] | None:
+    """Slice by slice, as docs/scheduling.md says; None when some slice finds no card."""
+    if not node.ready or node.cordoned:
+        return None
+    free = {c.uuid: c.memory_mib - c.used_memory_mib for c in node.cards}
+    compute = {c.uuid: c.compute_units - c.used_compute for c in node.cards}
+    slots = {c.uuid: c.slots - c.used_slots for c in node.cards}
+    busy = {c.uuid: c.busy for c in node.cards}
+    exclusive = {c.uuid: c.exclusive for c in node.cards}
+    start_free, start_compute, start_slots = dict(free), dict(compute), dict(slots)
+    start_busy, start_exclusive = dict(busy), dict(exclusive)
+    chosen: dict[tuple[bool, int], list[str]] = {}
+    for cont in request.containers:
+        if cont.init:
+            # Each init container sees the bare node: copies, thrown away afterwards.
+            f, cu, sl = dict(start_free), dict(start_compute), dict(start_slots)
+            bz, ex = dict(start_busy), dict(start_exclusive)
+        else:
+            f, cu, sl, bz, ex = free, compute, slots, busy, exclusive
+        mine: list[str] = []
+        for _ in range(cont.gpus):
+            options = []
+            for c in node.cards:
+                need = cont.memory_on(c.memory_mib)
+                if (
+                    c.uuid in mine
+                    or not c.healthy
+                    or c.cordoned
+                    or not allowed(c, request)
+                    or ex[c.uuid]
+                    or (cont.cores == 100 and bz[c.uuid])
+                    or sl[c.uuid] <= 0
+                    or need > f[c.uuid]
+                    or cont.cores > cu[c.uuid]
+                ):
+                    continue
+                after = f[c.uuid] - need
+                key = after if request.gpu_policy == "binpack" else -after
+                options.append((key, c.index, c))
+            if not options:
+                return None
+            _, _, best = min(options, key=lambda o: (o[0], o[1]))
+            mine.append(best.uuid)
+            f[best.uuid] -= cont.memory_on(best.memory_mib)
+            cu[best.uuid] -= cont.cores
+            sl[best.uuid] -= 1
+            bz[best.uuid] = True
+            if cont.cores == 100:
+                ex[best.uuid] = True
+        chosen[(cont.init, cont.index)] = mine
+    return chosen
+
+
+def emptied(node: NodeState) -> NodeState:
+    """The same node with every slice gone (health, cordons, sizes unchanged)."""
+    return NodeState(
+        node.name,
+        node.ready,
+        node.cordoned,
+        tuple(
+            CardState(
+                c.uuid,
+                c.index,
+                c.model,
+                c.memory_mib,
+                c.compute_units,
+                c.slots,
+                c.numa_node,
+                c.healthy,
+                c.health_reason,
+                c.cordoned,
+            )
+            for c in node.cards
+        ),
+    )
+
+
+# ------------------------------------------------------------------- properties
+
+
+def check_against_reference(node: NodeState, request: PodRequest) -> None:
+    """fit_node, place_on_node and the reference model give the same verdict and cards."""
+    fit = fit_node(node, request)
+    placed = place_on_node(node, request)
+    expected = reference_placement(node, request)
+    assert fit.feasible == (not isinstance(placed, NodeFit))
+    assert fit.feasible == (expected is not None)
+    if expected is None:
+        assert isinstance(placed, NodeFit)
+        assert placed.refusals == fit.refusals
+        assert fit.refusals
+        assert all(r.message.strip() for r in fit.refusals)
+        assert fit.summary()
+        return
+    assert not isinstance(placed, NodeFit)
+    got: dict[tuple[bool, int], list[str]] = defaultdict(list)
+    for a in placed:
+        got[(a.init, a.container_index)].append(a.card_uuid)
+    # binpack / spread pick exactly the documented card for every slice, in order.
+    assert dict(got) == expected
+
+
+def check_limits(node: NodeState, request: PodRequest) -> None:
+    """A placement never overfills a card and honours distinctness and filters."""
+    placed = place_on_node(node, request)
+    if isinstance(placed, NodeFit):
+        return
+    assert node.ready and not node.cordoned
+    by_uuid = {c.uuid: c for c in node.cards}
+    per_container: dict[tuple[bool, int], list[Assignment]] = defaultdict(list)
+    for a in placed:
+        per_container[(a.init, a.container_index)].append(a)
+    for cont in request.containers:
+        mine = per_container[(cont.init, cont.index)]
+        assert len(mine) == cont.gpus
+        assert len({a.card_uuid for a in mine}) == cont.gpus  # distinct cards
+        for a in mine:
+            card = by_uuid[a.card_uuid]
+            assert card.healthy and not card.cordoned
+            assert allowed(card, request)
+            assert a.memory_mib == cont.memory_on(card.memory_mib)
+            assert a.cores == cont.cores
+            assert a.container_name == cont.name
+    claims = claims_per_card(a.to_claim() for a in placed)
+    for uuid, claim in claims.items():
+        card = by_uuid[uuid]
+        assert card.used_memory_mib + claim.memory_mib <= card.memory_mib
+        assert card.used_compute + claim.cores <= card.compute_units
+        assert card.used_slots + claim.slots <= card.slots
+        assert not card.exclusive
+        if claim.exclusive:
+            assert not card.busy
+    # An exclusive app slice shares its card with no other app slice of the pod.
+    apps_on: dict[str, list[Assignment]] = defaultdict(list)
+    for a in placed:
+        if not a.init:
+            apps_on[a.card_uuid].append(a)
+    for slices in apps_on.values():
+        if any(a.cores >= 100 for a in slices):
+            assert len(slices) == 1
+
+
+@PROFILE
+@given(node=nodes(), request=requests())
+def test_fit_agrees_with_placement_and_the_reference(node: NodeState, request: PodRequest) -> None:
+    check_against_reference(node, request)
+
+
+@PROFILE
+@given(node=nodes(), request=requests())
+def test_placement_respects_every_card_limit(node: NodeState, request: PodRequest) -> None:
+    check_limits(node, request)
+
+
+@settings(PROFILE, max_examples=1500)
+@given(node=tight_nodes(), request=fast_requests())
+def test_fast_paths_agree_with_the_reference(node: NodeState, request: PodRequest) -> None:
+    check_against_reference(node, request)
+    check_limits(node, request)
+
+
+@PROFILE
+@given(node=nodes(), request=requests())
+def test_permanent_means_an_empty_node_would_not_help(node: NodeState, request: PodRequest) -> None:
+    fit = fit_node(node, request)
+    if fit.feasible or not fit.permanent:
+        return
+    assert isinstance(place_on_node(emptied(node), request), NodeFit)
+
+
+@PROFILE
+@given(
+    cluster=st.lists(st.integers(0, 5), min_size=0, max_size=4, unique=True).flatmap(
+        lambda ids: st.tuples(*(nodes(f"n{i}") for i in ids))
+    ),
+    request=requests(),
+    names=st.lists(st.sampled_from(["n0", "n1", "n2", "n3", "n4", "n5", "x"]), max_size=8),
+)
+def test_filter_and_prioritize_answer_only_for_input_names(
+    cluster: tuple[NodeState, ...], request: PodRequest, names: list[str]
+) -> None:
+    snap = Snapshot.build(cluster)
+    feasible, failed = filter_nodes(snap, request, names)
+    assert set(feasible) <= set(names)
+    assert {f.node for f in failed} <= set(names)
+    # Every input name is answered once, in input order, as exactly one of the two.
+    verdict = {n: True for n in feasible} | {f.node: False for f in failed}
+    assert [n for n in names if verdict[n]] == feasible
+    assert [n for n in names if not verdict[n]] == [f.node for f in failed]
+    for name in names:
+        known = snap.by_name.get(name)
+        assert verdict[name] == (known is not None and fit_node(known, request).feasible)
+    for f in failed:
+        assert f.refusals and all(r.message for r in f.refusals)
+    scores = prioritize(snap, request, feasible)
+    assert [n for n, _ in scores] == feasible
+    for name, score in scores:
+        assert 0 <= score <= 10
+        assert score == score_node(snap.by_name[name], request)
+
+
+@PROFILE
+@given(request=requests())
+def test_request_round_trips_through_json(request: PodRequest) -> None:
+    assert PodRequest.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+
+
+@PROFILE
+@given(asks=containers())
+def test_parse_pod_reads_back_what_a_manifest_says(asks: tuple[ContainerRequest, ...]) -> None:
+    def manifest(c: ContainerRequest) -> dict[str, object]:
+        limits: dict[str, object] = {"nvidia.com/gpu": str(c.gpus), "nvidia.com/gpucores": c.cores}
+        if c.memory_mib is not None:
+            limits["nvidia.com/gpumem"] = f"{c.memory_mib}"
+        elif c.memory_percent is not None:
+            limits["nvidia.com/gpumem-percentage"] = c.memory_percent
+        return k8s_container(c.name, requests=limits)
+
+    raw = pod_json(
+        *(manifest(c) for c in asks if not c.init),
+        init=tuple(manifest(c) for c in asks if c.init),
+    )
+    parsed = parse_pod(raw)
+    assert parsed is not None
+    assert parsed.containers == asks

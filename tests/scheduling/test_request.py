@@ -1,0 +1,420 @@
+"""parse_pod: Kubernetes Pod JSON -> PodRequest, and every way it refuses bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.scheduling import (
+    ContainerRequest,
+    PodRequest,
+    RequestError,
+    ResourceNames,
+    SchedulingConfig,
+    parse_pod,
+)
+from tests.scheduling.builders import container, k8s_container, pod, pod_json
+
+GPU = "nvidia.com/gpu"
+MEM = "nvidia.com/gpumem"
+PCT = "nvidia.com/gpumem-percentage"
+CORES = "nvidia.com/gpucores"
+
+
+def only(request: PodRequest | None) -> ContainerRequest:
+    assert request is not None
+    assert len(request.containers) == 1
+    return request.containers[0]
+
+
+# ------------------------------------------------------------------ resources
+
+
+def test_full_ask_from_limits() -> None:
+    req = parse_pod(pod_json(k8s_container(limits={GPU: 2, MEM: "3000", CORES: "30"})))
+    assert req is not None
+    assert (req.uid, req.namespace, req.name) == ("4f1c", "ml", "trainer")
+    assert req.containers == (
+        ContainerRequest(
+            name="main",
+            index=0,
+            init=False,
+            gpus=2,
+            memory_mib=3000,
+            memory_percent=None,
+            cores=30,
+        ),
+    )
+
+
+def test_limits_win_over_requests_per_resource() -> None:
+    c = only(
+        parse_pod(
+            pod_json(
+                k8s_container(
+                    limits={GPU: 1, MEM: 2000},
+                    requests={GPU: 1, MEM: 9999, CORES: 40},
+                )
+            )
+        )
+    )
+    # gpumem from limits, gpucores only in requests: each resource falls back on its own.
+    assert (c.memory_mib, c.cores) == (2000, 40)
+
+
+def test_requests_alone_are_read() -> None:
+    c = only(parse_pod(pod_json(k8s_container(requests={GPU: "1", MEM: "1k"}))))
+    assert (c.gpus, c.memory_mib) == (1, 1000)
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [("4096", 4096), (4096, 4096), ("4k", 4000), ("4Ki", 4096), ("4e3", 4000), ("1000m", 1)],
+)
+def test_gpumem_takes_quantity_forms(value: object, mib: int) -> None:
+    assert only(parse_pod(pod_json(k8s_container(limits={MEM: value})))).memory_mib == mib
+
+
+@pytest.mark.parametrize("resource", [MEM, PCT, CORES])
+def test_other_resources_without_gpu_mean_one_gpu(resource: str) -> None:
+    assert only(parse_pod(pod_json(k8s_container(limits={resource: "10"})))).gpus == 1
+
+
+def test_percentage_is_kept_when_gpumem_is_absent() -> None:
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1, PCT: 25}))))
+    assert (c.memory_mib, c.memory_percent) == (None, 25)
+
+
+def test_gpumem_wins_over_percentage() -> None:
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1, PCT: 25, MEM: 512}))))
+    assert (c.memory_mib, c.memory_percent) == (512, None)
+
+
+def test_only_gpu_means_whole_card_by_default() -> None:
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1}))))
+    assert (c.memory_mib, c.memory_percent, c.cores) == (None, None, 0)
+    assert c.memory_on(40960) == 40960
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (SchedulingConfig(default_memory_mib=2048), (2048, None, 0)),
+        (SchedulingConfig(default_memory_percent=50), (None, 50, 0)),
+        (SchedulingConfig(default_memory_mib=2048, default_memory_percent=50), (2048, None, 0)),
+        (SchedulingConfig(default_cores=20), (None, None, 20)),
+    ],
+)
+def test_config_defaults_fill_missing_asks(
+    config: SchedulingConfig, expected: tuple[int | None, int | None, int]
+) -> None:
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1})), config))
+    assert (c.memory_mib, c.memory_percent, c.cores) == expected
+
+
+def test_explicit_values_beat_config_defaults() -> None:
+    config = SchedulingConfig(default_memory_mib=2048, default_cores=20)
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1, MEM: 100, CORES: 0})), config))
+    assert (c.memory_mib, c.cores) == (100, 0)
+
+
+def test_custom_resource_names() -> None:
+    names = ResourceNames(
+        gpu="example.com/vgpu",
+        gpumem="example.com/vmem",
+        gpumem_percentage="example.com/vmem-pct",
+        gpucores="example.com/vcores",
+    )
+    config = SchedulingConfig(resources=names)
+    raw = pod_json(k8s_container(limits={"example.com/vgpu": 2, "example.com/vmem": 10}))
+    c = only(parse_pod(raw, config))
+    assert (c.gpus, c.memory_mib) == (2, 10)
+    # The HAMi names mean nothing under this configuration.
+    assert parse_pod(pod_json(k8s_container(limits={GPU: 1})), config) is None
+
+
+def test_no_managed_resource_gives_none() -> None:
+    assert parse_pod(pod_json(k8s_container(limits={"cpu": "1", "memory": "1Gi"}))) is None
+    assert parse_pod(pod_json(k8s_container())) is None
+    assert parse_pod({"metadata": {}, "spec": {}}) is None
+
+
+def test_gpu_zero_alone_asks_for_nothing() -> None:
+    assert parse_pod(pod_json(k8s_container(limits={GPU: 0}))) is None
+
+
+def test_only_gpu_containers_are_listed_with_their_spec_index() -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container("sidecar-log"),
+            k8s_container("train", limits={GPU: 1}),
+            k8s_container("eval", limits={MEM: 100}),
+        )
+    )
+    assert req is not None
+    assert [(c.name, c.index, c.init) for c in req.containers] == [
+        ("train", 1, False),
+        ("eval", 2, False),
+    ]
+
+
+def test_init_containers_come_first_flagged_init() -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container("train", limits={GPU: 1}),
+            init=(k8s_container("warmup", limits={MEM: 100}), k8s_container("fetch")),
+        )
+    )
+    assert req is not None
+    assert [(c.name, c.index, c.init) for c in req.containers] == [
+        ("warmup", 0, True),
+        ("train", 0, False),
+    ]
+
+
+def test_gpu_init_container_without_app_gpu_container() -> None:
+    req = parse_pod(pod_json(k8s_container("app"), init=(k8s_container("w", limits={GPU: 1}),)))
+    assert req is not None
+    assert [c.init for c in req.containers] == [True]
+
+
+def test_missing_metadata_fields_get_safe_values() -> None:
+    raw: dict[str, Any] = {
+        "metadata": {"generateName": "job-"},
+        "spec": {"containers": [k8s_container(limits={GPU: 1})]},
+    }
+    req = parse_pod(raw)
+    assert req is not None
+    # An admission request for a new pod has no uid yet and may only have generateName.
+    assert (req.uid, req.namespace, req.name) == ("", "default", "job-")
+
+
+# ---------------------------------------------------------------- annotations
+
+
+def test_type_and_uuid_annotations_are_split_trimmed_lowered() -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container(limits={GPU: 1}),
+            annotations={
+                "nvidia.com/use-gputype": " A100, ,H100 ,a100",
+                "nvidia.com/nouse-gputype": "MIG",
+                "nvidia.com/use-gpuuuid": "GPU-AAA,gpu-bbb",
+                "nvidia.com/nouse-gpuuuid": " GPU-CCC ",
+            },
+        )
+    )
+    assert req is not None
+    assert req.use_types == ("a100", "h100")
+    assert req.nouse_types == ("mig",)
+    assert req.use_uuids == ("gpu-aaa", "gpu-bbb")
+    assert req.nouse_uuids == ("gpu-ccc",)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "node_policy", "gpu_policy"),
+    [
+        ({}, "binpack", "spread"),
+        ({"tessera.io/node-policy": "spread"}, "spread", "spread"),
+        ({"tessera.io/gpu-policy": "Binpack "}, "binpack", "binpack"),
+        ({"hami.io/node-scheduler-policy": "spread"}, "spread", "spread"),
+        ({"hami.io/gpu-scheduler-policy": "binpack"}, "binpack", "binpack"),
+        (
+            {"tessera.io/node-policy": "binpack", "hami.io/node-scheduler-policy": "spread"},
+            "binpack",
+            "spread",
+        ),
+        (
+            {"tessera.io/gpu-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"},
+            "binpack",
+            "spread",
+        ),
+    ],
+)
+def test_policy_annotations_and_hami_aliases(
+    annotations: dict[str, str], node_policy: str, gpu_policy: str
+) -> None:
+    req = parse_pod(pod_json(k8s_container(limits={GPU: 1}), annotations=annotations))
+    assert req is not None
+    assert (req.node_policy, req.gpu_policy) == (node_policy, gpu_policy)
+
+
+def test_policy_defaults_come_from_config() -> None:
+    config = SchedulingConfig(default_node_policy="spread", default_gpu_policy="binpack")
+    req = parse_pod(pod_json(k8s_container(limits={GPU: 1})), config)
+    assert req is not None
+    assert (req.node_policy, req.gpu_policy) == ("spread", "binpack")
+
+
+# ------------------------------------------------------------------ refusals
+
+C0 = "spec.containers[0]"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "fragment"),
+    [
+        (
+            pod_json(k8s_container(limits={GPU: "1.5"})),
+            f"{C0}.resources.limits.{GPU}",
+            "whole number",
+        ),
+        (
+            pod_json(k8s_container(requests={MEM: "-100"})),
+            f"{C0}.resources.requests.{MEM}",
+            "negative",
+        ),
+        (
+            pod_json(k8s_container(limits={CORES: "lots"})),
+            f"{C0}.resources.limits.{CORES}",
+            "not a Kubernetes quantity",
+        ),
+        (pod_json(k8s_container(limits={GPU: 65})), f"{C0}.resources.limits.{GPU}", "at most 64"),
+        (
+            pod_json(k8s_container(limits={GPU: 0, MEM: 100})),
+            f"{C0}.resources.limits.{GPU}",
+            "at least 1 GPU",
+        ),
+        (pod_json(k8s_container(limits={MEM: 0})), f"{C0}.resources.limits.{MEM}", "at least 1"),
+        (
+            pod_json(k8s_container(limits={MEM: "1Gi"})),
+            f"{C0}.resources.limits.{MEM}",
+            "write 1024 for 1 GiB",
+        ),
+        (pod_json(k8s_container(limits={PCT: 0})), f"{C0}.resources.limits.{PCT}", "1 to 100"),
+        (pod_json(k8s_container(limits={PCT: 101})), f"{C0}.resources.limits.{PCT}", "1 to 100"),
+        (
+            pod_json(k8s_container(limits={CORES: 101})),
+            f"{C0}.resources.limits.{CORES}",
+            "0 to 100",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: True})),
+            f"{C0}.resources.limits.{GPU}",
+            "boolean",
+        ),
+        (
+            pod_json(
+                k8s_container(limits={GPU: 1}),
+                annotations={"tessera.io/node-policy": "random"},
+            ),
+            "metadata.annotations.tessera.io/node-policy",
+            "'binpack' or 'spread'",
+        ),
+        (
+            pod_json(
+                k8s_container(limits={GPU: 1}),
+                annotations={"hami.io/gpu-scheduler-policy": "topology-aware"},
+            ),
+            "metadata.annotations.hami.io/gpu-scheduler-policy",
+            "'binpack' or 'spread'",
+        ),
+        (
+            pod_json(
+                k8s_container(limits={GPU: 1}),
+                annotations={"nvidia.com/use-gputype": 5},
+            ),
+            "metadata.annotations.nvidia.com/use-gputype",
+            "string",
+        ),
+        (
+            pod_json(
+                k8s_container("app"),
+                init=(k8s_container("sidecar", limits={GPU: 1}, restartPolicy="Always"),),
+            ),
+            "spec.initContainers[0].restartPolicy",
+            "move the GPU resources",
+        ),
+        (
+            pod_json({"image": "x", "resources": {"limits": {GPU: 1}}}),
+            f"{C0}.name",
+            "needs a name",
+        ),
+        (pod_json(k8s_container(limits=[GPU])), f"{C0}.resources.limits", "object"),  # type: ignore[arg-type]
+        ({"spec": {"containers": "main"}}, "spec.containers", "list"),
+        ({"spec": {"containers": ["main"]}}, C0, "object"),
+        ({"spec": []}, "spec", "object"),
+        ({"metadata": {"annotations": []}, "spec": {}}, "metadata.annotations", "object"),
+        ("a pod", "", "JSON object"),
+    ],
+)
+def test_bad_input_names_the_field(raw: Any, field: str, fragment: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_pod(raw)
+    assert caught.value.field == field
+    assert fragment in caught.value.message
+    assert str(caught.value).startswith(field)
+
+
+def test_error_on_second_container_names_its_index() -> None:
+    raw = pod_json(k8s_container("a", limits={GPU: 1}), k8s_container("b", limits={GPU: "x"}))
+    with pytest.raises(RequestError) as caught:
+        parse_pod(raw)
+    assert caught.value.field == f"spec.containers[1].resources.limits.{GPU}"
+
+
+def test_absurd_memory_is_refused() -> None:
+    raw = pod_json(k8s_container(limits={MEM: 16 * 1024 * 1024 + 1}))
+    with pytest.raises(RequestError, match="16 TiB"):
+        parse_pod(raw)
+    assert only(parse_pod(pod_json(k8s_container(limits={MEM: 16 * 1024 * 1024})))).memory_mib
+
+
+# ------------------------------------------------------------- round trip
+
+
+def test_to_dict_from_dict_round_trip() -> None:
+    req = pod(
+        container("w", init=True, gpus=1, memory_mib=None, memory_percent=30, cores=100),
+        container("m", gpus=2, memory_mib=5000, cores=20, index=3),
+        use_types=("a100",),
+        nouse_uuids=("gpu-x",),
+        node_policy="spread",
+        gpu_policy="binpack",
+    )
+    data = req.to_dict()
+    import json
+
+    assert PodRequest.from_dict(json.loads(json.dumps(data))) == req
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d.pop("containers"), "containers"),
+        (lambda d: d["containers"][0].update(gpus="2"), "containers[0].gpus"),
+        (lambda d: d["containers"][0].update(init=1), "containers[0].init"),
+        (lambda d: d["containers"][0].update(gpus=0), "containers[0]"),
+        (lambda d: d["containers"][0].update(memory_mib=True), "containers[0].memory_mib"),
+        (lambda d: d.update(use_types="a100"), "use_types"),
+        (lambda d: d.update(node_policy="fast"), ""),
+        (lambda d: d.update(containers=[]), ""),
+    ],
+)
+def test_from_dict_refuses_malformed_records(mutate: Any, field: str) -> None:
+    data = pod(container()).to_dict()
+    mutate(data)
+    with pytest.raises(RequestError) as caught:
+        PodRequest.from_dict(data)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"default_memory_mib": 0},
+        {"default_memory_percent": 101},
+        {"default_cores": -1},
+        {"default_node_policy": "fast"},
+        {"default_gpu_policy": ""},
+    ],
+)
+def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        SchedulingConfig(**kwargs)
+
+
+def test_resource_names_must_be_distinct() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        ResourceNames(gpumem="nvidia.com/gpu")
