@@ -21,9 +21,11 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpResponse
+from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -89,7 +91,43 @@ def read_ledger() -> list[Family]:
     pending.add(("unschedulable",), unschedulable)
     scrape = Family("tessera_ledger_scrape_seconds", "Time taken to read the ledger for a scrape.")
     scrape.add((), time.monotonic() - started)
-    return [*families, pending, scrape]
+    return [*families, pending, *_reconciler(), scrape]
+
+
+def _reconciler() -> list[Family]:
+    """The reconciler's runs (recorded by the worker process, read here in two queries)."""
+    from controlplane.reconciler.models import ReconcileRun
+
+    last = Family(
+        "tessera_reconcile_last_duration_seconds",
+        "Duration of the latest reconcile run.",
+        ("mode",),
+    )
+    age = Family(
+        "tessera_reconcile_last_run_timestamp_seconds", "When the latest reconcile run finished."
+    )
+    latest = (
+        ReconcileRun.objects.filter(finished_at__isnull=False)
+        .order_by("-started_at")
+        .values_list("mode", "duration_ms", "finished_at")
+        .first()
+    )
+    if latest is not None:
+        last.add((latest[0],), (latest[1] or 0) / 1000.0)
+        age.add((), latest[2].timestamp())
+    drift = Family(
+        "tessera_reconcile_drift_24h",
+        "Drift the reconciler found and repaired (or flagged) in the last 24 hours, by kind.",
+        ("kind",),
+    )
+    since = timezone.now() - timedelta(hours=24)
+    totals: dict[str, int] = {}
+    for row in ReconcileRun.objects.filter(started_at__gte=since).values_list("drift", flat=True):
+        for kind, count in (row or {}).items():
+            totals[kind] = totals.get(kind, 0) + int(count)
+    for kind, count in sorted(totals.items()):
+        drift.add((kind,), count)
+    return [last, age, drift]
 
 
 def _cards_and_slices() -> list[Family]:

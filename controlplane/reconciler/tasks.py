@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections import Counter
+from datetime import timedelta
 from typing import Any, Protocol
 
 import redis
@@ -155,6 +156,8 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
     run.finished_at = timezone.now()
     run.duration_ms = int((time.monotonic() - started) * 1000)
     run.save()
+    # Keep a week of runs: /metrics sums the last day's drift, the dashboard shows recent runs.
+    ReconcileRun.objects.filter(started_at__lt=run.started_at - timedelta(days=7)).delete()
     if run.drift:
         log.info("reconcile (%s): repaired %s", run.mode, run.drift)
     return run

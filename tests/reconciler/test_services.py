@@ -163,3 +163,31 @@ def test_stale_and_deleted_nodes_are_marked_not_ready() -> None:
     assert not Node.objects.get(name="n2").ready
     make_node("n1", cards=2, memory_mib=10000)  # its next report brings it back
     assert Node.objects.get(name="n1").ready
+
+
+def test_metrics_show_the_reconcilers_runs_and_drift(admin_client) -> None:
+    from controlplane.reconciler.tasks import LocalState, run_reconcile
+
+    class Empty:
+        def list_pods(self, page_size: int = 500):
+            return [], "1"
+
+        def watch_pods(self, rv, timeout_s):
+            return iter(())
+
+        def get_pod(self, namespace, name):
+            return None
+
+        def list_node_names(self):
+            return {"n1"}
+
+        def last_resource_version(self):
+            return "1"
+
+    reserve("gone")
+    PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
+    run = run_reconcile(Empty(), LocalState(), full=True)
+    assert run.drift == {"released_deleted": 1}
+    body = admin_client.get("/metrics").content.decode()
+    assert 'tessera_reconcile_drift_24h{kind="released_deleted"} 1' in body
+    assert 'tessera_reconcile_last_duration_seconds{mode="full"}' in body
