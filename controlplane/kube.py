@@ -251,6 +251,24 @@ class RealKube:
             except Exception as exc:  # translated
                 raise self._error(exc, f"bind pod {namespace}/{name} to {node}") from exc
 
+    def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""
+        from kubernetes import client
+
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        with _timed():
+            try:
+                response = client.AuthenticationV1Api(self._api.api_client).create_token_review(
+                    body, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                )
+            except Exception as exc:  # translated
+                raise self._error(exc, "review a ServiceAccount token") from exc
+            return dict(self._json(response).get("status") or {})
+
     def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
         from kubernetes import watch
 

@@ -221,6 +221,7 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "controlplane.access.authentication.BearerTokenAuthentication",
+        "controlplane.access.serviceaccount.ServiceAccountTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.access.permissions.IsViewer"],
@@ -296,6 +297,8 @@ TESSERA = {
     "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
     "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
     "DECISION_LOG_MAX_NODES": 50,
+    # Node plugins in a cluster: their ServiceAccounts, "namespace:name" comma list (TokenReview)
+    "NODE_SERVICE_ACCOUNTS": env_str("TESSERA_NODE_SERVICE_ACCOUNTS", ""),
     # reconciler
     "RECONCILE_LOCK_TTL_S": env_int("TESSERA_RECONCILE_LOCK_TTL_S", 120, low=10, high=3600),
     "FULL_RESYNC_S": env_int("TESSERA_FULL_RESYNC_S", 300, low=0, high=86400),

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from controlplane.access.models import ApiToken, digest
+from controlplane.access.models import TOKEN_PREFIX, ApiToken, digest
 
 # Recording last use costs a write; once a minute per token is plenty for an operator's view.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -29,6 +29,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Authorization header must be 'Bearer <token>' with one token and no spaces."
             )
+        if not parts[1].startswith(TOKEN_PREFIX):
+            return None  # not a Tessera token: a ServiceAccount token, reviewed next
         token = (
             ApiToken.objects.select_related("user")
             .filter(key_digest=digest(parts[1]), revoked=False)
