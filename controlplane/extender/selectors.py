@@ -95,7 +95,8 @@ def active_binding_of_pod(namespace: str, name: str) -> PodBinding | None:
 
 def allocation_of(binding: PodBinding) -> dict[str, Any]:
     """The version-1 allocation record of a binding (docs/allocation.md), one query."""
-    rows = (
+    # A binding fresh from reserve_binding carries what it wrote; otherwise read the slices.
+    rows = getattr(binding, "placed", None) or (
         Slice.objects.filter(binding=binding, active=True)
         .order_by("init_container", "container_index", "id")
         .values_list(

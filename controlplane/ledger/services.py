@@ -312,23 +312,37 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         )
         for a in placed
     )
+    # What was just written, for the caller that signs the allocation (saves it a re-read).
+    card_index = {c.uuid: c.index for c in state.cards}
+    binding.placed = tuple(  # type: ignore[attr-defined]
+        (
+            a.container_name,
+            a.container_index,
+            a.init,
+            a.card_uuid,
+            card_index[a.card_uuid],
+            a.memory_mib,
+            a.cores,
+        )
+        for a in placed
+    )
     return binding
 
 
-@transaction.atomic
 def confirm_binding(pod_uid: str) -> PodBinding:
-    """The API server accepted the Binding: reserved -> bound. Repeating it changes nothing."""
-    binding = PodBinding.objects.select_for_update().filter(pod_uid=pod_uid).first()
+    """The API server accepted the Binding: reserved -> bound. Repeating it changes nothing.
+
+    One conditional UPDATE does the transition (atomic on its own, no lock to hold): bind's hot
+    path pays one statement, not a locked read-modify-write.
+    """
+    now = timezone.now()
+    PodBinding.objects.filter(pod_uid=pod_uid, phase=PodBinding.Phase.RESERVED).update(
+        phase=PodBinding.Phase.BOUND, bound_at=now, deadline=None, updated_at=now
+    )
+    binding = PodBinding.objects.filter(pod_uid=pod_uid).first()
     if binding is None:
         raise NotFound(f"no binding for pod UID {pod_uid}", field="pod_uid")
-    if binding.phase == PodBinding.Phase.RESERVED:
-        binding.phase, binding.bound_at, binding.deadline = (
-            PodBinding.Phase.BOUND,
-            timezone.now(),
-            None,
-        )
-        binding.save(update_fields=["phase", "bound_at", "deadline", "updated_at"])
-    elif binding.phase not in (PodBinding.Phase.BOUND, PodBinding.Phase.ALLOCATED):
+    if binding.phase not in (PodBinding.Phase.BOUND, PodBinding.Phase.ALLOCATED):
         raise Conflict(
             f"binding of pod UID {pod_uid} is {binding.phase}; only a reservation can be confirmed",
             field="pod_uid",
