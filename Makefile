@@ -10,7 +10,7 @@ PORT ?= 8000
 # Give the database and Tessera's own state a fixed home unless the caller chose one.
 export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
 
-.PHONY: help venv run worker beat migrate demo test test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+.PHONY: help venv run worker beat migrate demo test test-deploy test-python test-sqlite test-postgres check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
@@ -65,6 +65,10 @@ test-python: venv
 	env -u DATABASE_URL $(PY) -m pytest && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
 	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender
+
+# The Helm chart: lint/template with the real helm, and install on a real kube-apiserver.
+test-deploy: venv
+	$(PY) -m pytest tests/deploy
 
 services:
 	@scripts/services.sh up

@@ -1,0 +1,128 @@
+"""Helpers of the Helm chart tests: the pinned helm binary, rendering, and the harness's
+etcd + kube-apiserver without the rest of the e2e cluster.
+
+The helm binary is the one e2e/build.sh builds from the Go module proxy (version pinned in
+e2e/versions.env). When it is missing it is built; when that fails the tests fail with the
+reason, they never skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e import cluster as harness
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "tessera"
+HERE = Path(__file__).resolve().parent
+VALUES_FILES = sorted(p.name for p in HERE.glob("values-*.yaml"))
+# `helm template` runs offline; pin the cluster version it pretends to talk to (a helm built with
+# `go install` would otherwise assume v1.20, below the chart's kubeVersion).
+KUBE_VERSION = "v1.33.2"
+RELEASE = "tessera"
+NAMESPACE = "tessera-system"
+
+
+@functools.cache
+def helm_path() -> Path:
+    """The pinned helm, built by e2e/build.sh when absent; raises with the reason otherwise."""
+    version = harness.load_versions().get("HELM_VERSION")
+    if not version:
+        raise RuntimeError("e2e/versions.env pins no HELM_VERSION: add HELM_VERSION=v3.x.y there")
+    binary = harness.cache_dir() / "bin" / f"helm-{version}" / "helm"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    proc = subprocess.run(
+        [str(ROOT / "e2e" / "build.sh"), "helm"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"helm {version} is not at {binary} and `e2e/build.sh helm` failed "
+            f"(exit {proc.returncode}); it builds helm from the Go module proxy and needs Go "
+            f"(docs/e2e.md). Its output:\n{proc.stderr[-3000:]}"
+        )
+    for line in proc.stdout.splitlines():
+        name, _, path = line.partition(" ")
+        if name == "helm":
+            return Path(path)
+    raise RuntimeError(f"e2e/build.sh helm printed no helm path:\n{proc.stdout}")
+
+
+def helm_env(home: Path) -> dict[str, str]:
+    """Keep helm's cache, config and data out of $HOME."""
+    return {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+
+def run_helm(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(helm_path()), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=helm_env(home),
+        timeout=300,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@functools.cache
+def _render(values: tuple[str, ...], sets: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"tessera-helm-{os.getpid()}"
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version",
+            KUBE_VERSION]  # fmt: skip
+    for name in values:
+        args += ["--values", str(HERE / name)]
+    for item in sets:
+        args += ["--set", item]
+    proc = run_helm(*args, home=home)
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def render(*values: str, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """`helm template` of the chart with these values files (names in tests/deploy/)."""
+    return [dict(d) for d in _render(tuple(values), sets)]
+
+
+# --- a real kube-apiserver (e2e) ---------------------------------------------------------------
+
+
+class ApiServerOnly(harness.Cluster):
+    """The harness's etcd and kube-apiserver, started the way `Cluster._up` starts them."""
+
+    def _up(self) -> None:
+        binaries = dict(self.options.binaries)
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        self.logs.mkdir(parents=True)
+        taken: set[int] = set()
+        self.state = {
+            "run_id": os.urandom(8).hex(),
+            "run_dir": str(self.run_dir),
+            "ports": {name: harness.free_port(taken) for name in harness.PORT_NAMES},
+            "binaries": {k: str(v) for k, v in binaries.items()},
+            "components": {},
+            "versions": harness.load_versions(),
+        }
+        self._save_state()
+        harness.make_certificates(self.pki)
+        harness.write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
+        self._start_etcd(binaries["etcd"])
+        self._start_apiserver(binaries["kube-apiserver"])
