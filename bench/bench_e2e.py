@@ -1,0 +1,340 @@
+"""Scheduling at scale on a real cluster: kube-scheduler alone, with a no-op extender, with Tessera.
+
+    .venv/bin/python bench/bench_e2e.py [--nodes 1000] [--cards 8] [--pods 5000] [--only a,b,c]
+
+One harness cluster (e2e/cluster.py: etcd, kube-apiserver, kwok, the control plane) with
+`--nodes` kwok GPU nodes of `--cards` cards each, their inventory reported to Tessera. Then the
+same kube-scheduler binary and profile (`tessera-scheduler`) is run three times, each on
+`--pods` fresh pods asking for one slice:
+
+  (a) no extender at all;
+  (b) a no-op extender (e2e/noop_extender.py) configured exactly like Tessera: filter keeps every
+      node, prioritize scores 0, bind creates the Binding — the cost of "an extender at all";
+  (c) Tessera's extender (and its admission webhook, when it is served).
+
+For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
+then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
+slower than kube-scheduler, so pods created while it runs would measure the client), and
+latency, p50/p99 from a pod's creation (the create call returning) to its binding (seen on a
+watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs. Then the ratios
+(c)/(b) and (c)/(a) of throughput. Each set-up gets a fresh namespace; (a) and (b)'s pods are
+deleted before the next set-up, so each starts on empty nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from e2e import objects
+from e2e.cluster import Cluster, HarnessError, Options, cache_dir
+
+
+@dataclass
+class Result:
+    label: str
+    pods: int
+    bound: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    throughput: float
+
+    @property
+    def pods_per_s(self) -> float:
+        return self.throughput
+
+
+class Api:
+    """Raw JSON against the API server with the harness's admin certificate, per thread."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.base = cluster.apiserver_url
+        self.cert = (str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
+        self.ca = str(cluster.pki / "ca.crt")
+        self.local = threading.local()
+
+    def session(self) -> requests.Session:
+        session = getattr(self.local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the harness's CA
+            session.cert, session.verify = self.cert, self.ca
+            self.local.session = session
+        return session
+
+    def post(self, path: str, body: Any, ok: tuple[int, ...] = (200, 201)) -> Any:
+        resp = self.session().post(f"{self.base}{path}", json=body, timeout=60)
+        if resp.status_code not in ok:
+            raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text[:500]}")
+        return resp.json()
+
+    def get(self, path: str) -> Any:
+        resp = self.session().get(f"{self.base}{path}", timeout=60)
+        resp.raise_for_status()
+        return resp.json()
+
+
+def setup_nodes(cluster: Cluster, api: Api, nodes: int, cards: int, workers: int) -> None:
+    names = [f"kwok-gpu-{i:04d}" for i in range(nodes)]
+    tessera = objects.Tessera(cluster.controlplane_url, cluster.admin_token)
+    started = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda n: api.post("/api/v1/nodes", objects.gpu_node(n, cards=cards)), names))
+
+    def report(name: str) -> None:
+        # The admin identity may report any node: 1,000 node tokens would only cost set-up time.
+        resp = tessera.report_inventory(name, objects.inventory(name, cards=cards))
+        if resp.status_code not in (200, 201):
+            raise RuntimeError(f"inventory {name}: {resp.status_code} {resp.text[:300]}")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(report, names))
+
+    def ready() -> bool:
+        items = api.get("/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
+        count = 0
+        for node in items:
+            conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            count += conditions.get("Ready") == "True"
+        return count == nodes
+
+    objects.wait_for(ready, timeout=600, what=f"{nodes} kwok nodes Ready", every=2)
+    print(
+        f"# {nodes} nodes x {cards} cards ready in {time.monotonic() - started:.0f} s", flush=True
+    )
+
+
+def watch_bindings(
+    api: Api, namespace: str, resource_version: str, bound: dict[str, float], stop: threading.Event
+) -> None:
+    path = (
+        f"{api.base}/api/v1/namespaces/{namespace}/pods?watch=true"
+        f"&resourceVersion={resource_version}&timeoutSeconds=3600"
+    )
+    try:
+        _follow(api, path, bound, stop)
+    except requests.RequestException:
+        if not stop.is_set():
+            raise  # the watch broke mid-phase: the figures would be wrong
+
+
+def _follow(api: Api, path: str, bound: dict[str, float], stop: threading.Event) -> None:
+    with api.session().get(path, stream=True, timeout=(10, 3600)) as resp:
+        for line in resp.iter_lines():
+            if stop.is_set():
+                return
+            if not line:
+                continue
+            event = json.loads(line)
+            pod = event.get("object", {})
+            name = pod.get("metadata", {}).get("name")
+            if name and pod.get("spec", {}).get("nodeName") and name not in bound:
+                bound[name] = time.monotonic()
+
+
+def run_phase(
+    key: str,
+    label: str,
+    cluster: Cluster,
+    api: Api,
+    extender: str,
+    pods: int,
+    paced: tuple[int, float],
+    workers: int,
+    timeout: float,
+    webhook: bool,
+) -> Result:
+    """Throughput from a backlog, then latency from a paced stream, for one set-up.
+
+    Throughput: `pods` pods are created while no scheduler runs, then the scheduler starts;
+    pods/s = pods / (last binding - scheduler start). Creating pods from Python is slower than
+    the scheduler, so pods created while it runs would measure the client, not the scheduler.
+    Latency: `paced` = (count, rate) more pods created at that steady rate while the scheduler
+    runs; p50/p99 of creation (the create call returning) to binding (seen on a watch).
+    """
+    cluster.stop_component("kube-scheduler")
+    namespace = f"bench-{key}"
+    api.post("/api/v1/namespaces", objects.namespace(namespace, webhook=webhook))
+    api.post(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+    )
+    rv = api.get(f"/api/v1/namespaces/{namespace}/pods")["metadata"]["resourceVersion"]
+    bound: dict[str, float] = {}
+    created: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=watch_bindings, args=(api, namespace, rv, bound, stop), daemon=True
+    )
+    watcher.start()
+    time.sleep(0.5)
+    set_scheduler = not webhook  # with the webhook, Tessera's admission sets it
+    # Without an extender the four resources are ordinary extended resources to kube-scheduler,
+    # and the nodes advertise only nvidia.com/gpu (slots): (a) asks for one slot, the others for
+    # one slot of 1000 MiB and 5 % compute.
+    sized = {} if extender == "none" else {"gpumem": 1000, "gpucores": 5}
+
+    def create(name: str) -> None:
+        pod = objects.gpu_pod(
+            name, scheduler_name="tessera-scheduler" if set_scheduler else None, **sized
+        )
+        api.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+        created[name] = time.monotonic()
+
+    def wait_bound(names: list[str]) -> None:
+        deadline = time.monotonic() + timeout
+        while any(n not in bound for n in names) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    backlog = [f"b-{i:05d}" for i in range(pods)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(create, backlog))
+    start = time.monotonic()
+    cluster.start_scheduler(extender=extender)
+    wait_bound(backlog)
+    done = [n for n in backlog if n in bound]
+    last = max((bound[n] for n in done), default=start)
+
+    count, rate = paced
+    stream = [f"s-{i:05d}" for i in range(count)]
+    began = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        for i, name in enumerate(stream):
+            time.sleep(max(0.0, began + i / rate - time.monotonic()))
+            pool.submit(create, name)
+    wait_bound(stream)
+    stop.set()
+    latencies = sorted(
+        max(0.0, bound[n] - created[n]) * 1000 for n in stream if n in bound and n in created
+    )
+    result = Result(
+        label=label,
+        pods=pods + count,
+        bound=len(done) + len(latencies),
+        seconds=last - start,
+        p50_ms=statistics.median(latencies) if latencies else 0.0,
+        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0,
+        throughput=len(done) / (last - start) if last > start else 0.0,
+    )
+    print(
+        f"{label:32} {len(done):5d}/{pods} bound at {result.pods_per_s:7.1f} pods/s   "
+        f"{len(latencies):4d}/{count} at {rate:g}/s: p50 {result.p50_ms:7.0f} ms, "
+        f"p99 {result.p99_ms:7.0f} ms",
+        flush=True,
+    )
+    return result
+
+
+def clean_up(api: Api, key: str, timeout: float, workers: int) -> None:
+    """Delete a phase's pods (kwok finishes them) so the next phase starts on empty nodes.
+
+    One DELETE per pod from a thread pool: a single delete-collection of thousands of pods runs
+    past the API server's request timeout and stops part-way.
+    """
+    namespace = f"bench-{key}"
+
+    def delete(name: str) -> None:
+        resp = api.session().delete(
+            f"{api.base}/api/v1/namespaces/{namespace}/pods/{name}?gracePeriodSeconds=0",
+            timeout=60,
+        )
+        if resp.status_code not in (200, 202, 404):
+            resp.raise_for_status()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        if not items:
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(delete, [p["metadata"]["name"] for p in items]))
+        time.sleep(1)
+    raise RuntimeError(f"the pods of {namespace} were not gone within {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--cards", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=8, help="threads creating pods")
+    parser.add_argument("--paced", type=int, default=500, help="pods of the latency stream")
+    parser.add_argument("--rate", type=float, default=20, help="pods/s of the latency stream")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
+    parser.add_argument("--only", default="a,b,c", help="phases to run, e.g. a,c")
+    args = parser.parse_args(argv)
+    phases = set(args.only.split(","))
+
+    options = Options(
+        run_dir=cache_dir() / "run-bench",
+        extender="none",
+        access_log=False,
+        controlplane_env={"TESSERA_LOG_LEVEL": "WARNING"},
+    )
+    print(
+        f"# bench_e2e: {args.nodes} kwok nodes x {args.cards} cards, {args.pods} one-slice "
+        f"pods per set-up, {args.workers} creating threads",
+        flush=True,
+    )
+    cluster = Cluster(options)
+    try:
+        cluster.up()
+    except HarnessError as exc:
+        print(f"bench_e2e: the cluster did not come up: {exc}", file=sys.stderr)
+        return 1
+    results: dict[str, Result] = {}
+    try:
+        api = Api(cluster)
+        setup_nodes(cluster, api, args.nodes, args.cards, args.workers)
+        plan = [
+            ("a", "(a) kube-scheduler, no extender", "none", False),
+            ("b", "(b) + no-op extender", None, False),
+            ("c", "(c) + Tessera extender", "tessera", bool(cluster.state["webhook_registered"])),
+        ]
+        for key, label, extender, webhook in plan:
+            if key not in phases:
+                continue
+            if extender is None:
+                extender = cluster.start_noop_extender() if key == "b" else extender
+            results[key] = run_phase(
+                key,
+                label,
+                cluster,
+                api,
+                str(extender),
+                args.pods,
+                (args.paced, args.rate),
+                args.workers,
+                args.timeout,
+                webhook,
+            )
+            if key != "c":
+                clean_up(api, key, args.timeout, args.workers)
+    finally:
+        cluster.down()
+    a, b, c = (results.get(k) for k in "abc")
+    if c and b and b.pods_per_s:
+        verdict = "meets" if c.pods_per_s >= 0.8 * b.pods_per_s else "MISSES"
+        print(f"(c)/(b) throughput: {c.pods_per_s / b.pods_per_s:.2f} ({verdict} the 0.8 target)")
+    if c and a and a.pods_per_s:
+        print(f"(c)/(a) throughput: {c.pods_per_s / a.pods_per_s:.2f}")
+    if c and b and b.p99_ms:
+        print(f"(c)/(b) p99 latency: {c.p99_ms / b.p99_ms:.2f}")
+    return 0 if all(r.bound == r.pods for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Real-cluster end-to-end harness (see docs/e2e.md)."""

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Build the pinned Kubernetes binaries the end-to-end harness runs, from the Go module proxy:
+#   kube-apiserver, kube-scheduler (k8s.io/kubernetes, pinned by e2e/tools/go.mod),
+#   kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v3), all versions from e2e/versions.env.
+# Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
+# that is already there is kept, so a warm run costs nothing. --force rebuilds.
+#   e2e/build.sh [--force] [NAME...]   NAMEs: kube-apiserver kube-scheduler kwok helm (default: all)
+# Go's module and build caches live under the same cache folder, not in $HOME.
+# Prints one line per binary: "<name> <path>".
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=versions.env
+. "$ROOT/e2e/versions.env"
+CACHE=${TESSERA_E2E_CACHE:-$ROOT/.cache/e2e}
+FORCE=0
+if [ "${1:-}" = "--force" ]; then FORCE=1; shift; fi
+WANT=("$@")
+[ ${#WANT[@]} -gt 0 ] || WANT=(kube-apiserver kube-scheduler kwok helm)
+for name in "${WANT[@]}"; do
+  case $name in kube-apiserver|kube-scheduler|kwok|helm) ;; *) echo "e2e-build: error: unknown binary $name" >&2; exit 2 ;; esac
+done
+wanted() { local n; for n in "${WANT[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
+
+log() { echo "e2e-build: $*" >&2; }
+die() { echo "e2e-build: error: $*" >&2; exit 1; }
+
+mkdir -p "$CACHE"
+
+minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+ldflags="-s -w \
+ -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
+ -X k8s.io/component-base/version.gitMajor=1 \
+ -X k8s.io/component-base/version.gitMinor=$minor \
+ -X k8s.io/component-base/version.gitTreeState=clean \
+ -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+
+# Everything a build needs, done once and only when something is missing (a warm run needs no
+# Go at all).
+PREPARED=0
+prepare() {
+  [ "$PREPARED" = 1 ] && return 0
+  PREPARED=1
+  # Go: the machine's when it is at least GO_TOOLCHAIN, else GO_TOOLCHAIN's distribution as the Go
+  # module proxy serves it (golang.org/toolchain, the zip the go command itself would fetch),
+  # unpacked once into the cache. So a bare CI machine needs no Go package at all.
+  go_new_enough() {
+    command -v go >/dev/null || return 1
+    local have; have=$(GOTOOLCHAIN=local go env GOVERSION 2>/dev/null) || return 1
+    [ "$(printf '%s\n%s\n' "$have" "$GO_TOOLCHAIN" | sort -V | head -1)" = "$GO_TOOLCHAIN" ]
+  }
+  if ! go_new_enough; then
+    goroot=$CACHE/toolchain/$GO_TOOLCHAIN
+    if [ ! -x "$goroot/bin/go" ]; then
+      arch=$(uname -m); case $arch in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; esac
+      proxy=${GOPROXY:-https://proxy.golang.org}; proxy=${proxy%%,*}
+      url="$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip"
+      log "no Go >= $GO_TOOLCHAIN here: fetching $url"
+      tmp=$(mktemp -d "$CACHE/toolchain.XXXXXX")
+      curl -fsSL --retry 3 -o "$tmp/go.zip" "$url" || { rm -rf "$tmp"; die "cannot download $url"; }
+      (cd "$tmp" && unzip -q go.zip) || { rm -rf "$tmp"; die "cannot unpack $url (is unzip installed?)"; }
+      mkdir -p "$(dirname "$goroot")"
+      mv "$tmp/golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch" "$goroot"; rm -rf "$tmp"
+    fi
+    export PATH=$goroot/bin:$PATH GOROOT=$goroot
+  fi
+  export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOTOOLCHAIN=local
+
+  # Static binaries, no host paths inside, and at most E2E_GO_PARALLEL packages compiled at once
+  # (the build is a big one; leave the machine usable for the rest of CI).
+  export CGO_ENABLED=0 GOFLAGS="-p=${E2E_GO_PARALLEL:-2} -trimpath -mod=readonly"
+
+  TOOLS=$ROOT/e2e/tools
+  grep -Eq "^(require |	)k8s\.io/kubernetes $KUBERNETES_VERSION( |\$)" "$TOOLS/go.mod" \
+    || die "e2e/tools/go.mod does not require k8s.io/kubernetes $KUBERNETES_VERSION (e2e/versions.env): update both together"
+  if grep -E '^	k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+ v' "$TOOLS/go.mod" | grep -v " $KUBERNETES_STAGING_VERSION\$" >&2; then
+    die "the replace lines above in e2e/tools/go.mod are not at $KUBERNETES_STAGING_VERSION (e2e/versions.env)"
+  fi
+}
+
+# build_one NAME VERSION COMMAND...: run COMMAND with $OUT set to a fresh folder, then move
+# $OUT/NAME into place (so a half-built binary is never mistaken for a finished one).
+build_one() {
+  local name=$1 version=$2; shift 2
+  local dir=$CACHE/bin/$name-$version
+  if [ "$FORCE" = 0 ] && [ -x "$dir/$name" ]; then
+    echo "$name $dir/$name"; return 0
+  fi
+  prepare
+  local out; out=$(mktemp -d "$CACHE/build.XXXXXX")
+  local start=$SECONDS
+  log "building $name $version (cold builds take minutes; see docs/e2e.md)"
+  OUT=$out "$@" || { rm -rf "$out"; die "building $name $version failed (output above)"; }
+  [ -x "$out/$name" ] || { rm -rf "$out"; die "building $name $version produced no binary"; }
+  mkdir -p "$dir"; mv -f "$out/$name" "$dir/$name"; rm -rf "$out"
+  log "built $name $version in $((SECONDS - start)) s"
+  echo "$name $dir/$name"
+}
+
+k8s_build() { (cd "$TOOLS" && nice go build -ldflags "$ldflags" -o "$OUT/$1" "k8s.io/kubernetes/cmd/$1"); }
+go_install() { GOBIN=$OUT GOFLAGS="${GOFLAGS/-mod=readonly/}" nice go install -ldflags "-s -w" "$1"; }
+
+if wanted kube-apiserver; then build_one kube-apiserver "$KUBERNETES_VERSION" k8s_build kube-apiserver; fi
+if wanted kube-scheduler; then build_one kube-scheduler "$KUBERNETES_VERSION" k8s_build kube-scheduler; fi
+if wanted kwok; then build_one kwok "$KWOK_VERSION" go_install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; fi
+if wanted helm; then build_one helm "$HELM_VERSION" go_install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; fi

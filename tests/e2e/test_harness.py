@@ -1,0 +1,111 @@
+"""The harness itself: a real cluster comes up, kwok runs nodes, failures stop everything."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import objects
+from e2e.cluster import Cluster, HarnessError, Options, load_versions, processes_of_run
+from tests.e2e.conftest import NODES
+
+
+def test_every_component_is_up_at_the_pinned_version(cluster: Cluster, kube: Any) -> None:
+    from kubernetes import client
+
+    status = {line.split()[0]: line.split()[1] for line in cluster.status()}
+    for name in ("etcd", "kube-apiserver", "controlplane", "webhook", "kube-scheduler", "kwok"):
+        assert status.get(name) == "up", cluster.status()
+    version = client.VersionApi(kube).get_code()
+    assert version.git_version == load_versions()["KUBERNETES_VERSION"]
+
+
+def test_kwok_runs_the_simulated_gpu_nodes(core: Any, gpu_nodes: dict[str, Any]) -> None:
+    shared = "type=kwok,tessera.io/e2e-pool=shared"
+    nodes = {n.metadata.name: n for n in core.list_node(label_selector=shared).items}
+    assert sorted(nodes) == sorted(NODES)
+    for node in nodes.values():
+        assert node.status.allocatable["nvidia.com/gpu"] == "80"
+        assert {c.type: c.status for c in node.status.conditions}["Ready"] == "True"
+
+
+def test_inventory_goes_through_the_real_rest_api_with_node_tokens(
+    gpu_nodes: dict[str, Any], tessera: objects.Tessera, node_tokens: dict[str, str]
+) -> None:
+    for response in gpu_nodes.values():
+        assert response.status_code == 201, response.text
+        assert response.json()["cards"] == 8
+    # A heartbeat (same report again) answers 200; a node may not report another node.
+    again = tessera.with_token(node_tokens[NODES[0]]).report_inventory(
+        NODES[0], objects.inventory(NODES[0])
+    )
+    assert again.status_code == 200 and again.json()["created"] is False
+    other = tessera.with_token(node_tokens[NODES[0]]).report_inventory(
+        NODES[1], objects.inventory(NODES[1])
+    )
+    assert other.status_code == 403
+
+
+def test_a_pod_without_gpus_runs_on_kwok_through_the_default_scheduler(
+    core: Any, gpu_nodes: dict[str, Any], namespace: str
+) -> None:
+    core.create_namespaced_pod(namespace, objects.plain_pod("plain"))
+
+    def running() -> Any:
+        pod = core.read_namespaced_pod("plain", namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    pod = objects.wait_for(running, timeout=60, what="the plain pod to run")
+    assert pod.spec.node_name in NODES
+    assert pod.spec.scheduler_name == "default-scheduler"
+
+
+# --- failures: a clear message, and nothing of the harness left running ------------------------
+
+
+def _failing_up(tmp_path: Path, binaries: dict[str, Path], **options: Any) -> tuple[str, str]:
+    harness = Cluster(
+        Options(run_dir=tmp_path / "run", binaries=binaries, ready_timeout_s=30, **options)
+    )
+    with pytest.raises(HarnessError) as failure:
+        harness.up()
+    harness.load_state()
+    run_id = harness.state["run_id"]
+    assert harness.state["components"] == {}, "down() should have emptied the component list"
+    assert processes_of_run(run_id) == [], "a process of the failed run is still alive"
+    return str(failure.value), run_id
+
+
+def test_a_taken_port_names_the_component_and_stops_the_others(
+    tmp_path: Path, binaries: dict[str, Path]
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        message, _ = _failing_up(tmp_path, binaries, ports={"kube-scheduler": port})
+    assert "kube-scheduler" in message
+    assert f"127.0.0.1:{port} is already in use" in message
+
+
+def test_a_missing_binary_names_itself_and_stops_the_others(
+    tmp_path: Path, binaries: dict[str, Path]
+) -> None:
+    wrong = {**binaries, "kwok": tmp_path / "no-such-kwok"}
+    message, _ = _failing_up(tmp_path, wrong)
+    assert f"kwok: binary {tmp_path / 'no-such-kwok'} is missing" in message
+
+
+def test_a_component_that_dies_at_start_shows_its_log(
+    tmp_path: Path, binaries: dict[str, Path]
+) -> None:
+    dying = tmp_path / "kube-scheduler"
+    dying.write_text("#!/bin/sh\necho 'scheduler: cannot load config, giving up' >&2\nexit 3\n")
+    dying.chmod(dying.stat().st_mode | stat.S_IXUSR)
+    message, _ = _failing_up(tmp_path, {**binaries, "kube-scheduler": dying})
+    assert "kube-scheduler exited with code 3 before it was ready" in message
+    assert "cannot load config, giving up" in message
