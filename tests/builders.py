@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane.access.roles import Role
@@ -81,3 +85,27 @@ def token_client(username: str, role: Role) -> APIClient:
 
 def using_postgres() -> bool:
     return os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
+
+
+def run_at_once(jobs: list[Callable[[], str]]) -> Counter[str]:
+    """Start every job on its own thread (and so its own database connection) at the same
+    instant; count the outcome each returns."""
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(len(jobs))
+
+    def worker(job: Callable[[], str]) -> None:
+        try:
+            start.wait()
+            result = job()
+            with lock:
+                outcomes[result] += 1
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return outcomes

@@ -7,7 +7,7 @@ so two reservations can never deadlock on each other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -299,19 +299,7 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
             deadline=deadline,
             reserved_at=now,
         )
-    Slice.objects.bulk_create(
-        Slice(
-            binding=binding,
-            card_id=card_ids[a.card_uuid],
-            container_name=a.container_name,
-            container_index=a.container_index,
-            init_container=a.init,
-            memory_mib=a.memory_mib,
-            compute_percent=a.cores,
-            active=True,
-        )
-        for a in placed
-    )
+    write_slices(binding, placed, card_ids)
     # What was just written, for the caller that signs the allocation (saves it a re-read).
     card_index = {c.uuid: c.index for c in state.cards}
     binding.placed = tuple(  # type: ignore[attr-defined]
@@ -327,6 +315,26 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         for a in placed
     )
     return binding
+
+
+def write_slices(
+    binding: PodBinding, assignments: Iterable[Assignment], card_ids: Mapping[str, int]
+) -> None:
+    """The binding's slices, one per (container, card) assignment (inside the caller's
+    transaction and lock)."""
+    Slice.objects.bulk_create(
+        Slice(
+            binding=binding,
+            card_id=card_ids[a.card_uuid],
+            container_name=a.container_name,
+            container_index=a.container_index,
+            init_container=a.init,
+            memory_mib=a.memory_mib,
+            compute_percent=a.cores,
+            active=True,
+        )
+        for a in assignments
+    )
 
 
 def confirm_binding(pod_uid: str) -> PodBinding:

@@ -18,9 +18,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.ledger import services as ledger
-from controlplane.ledger.models import AuditEvent, Card, Node, PodBinding, Slice
+from controlplane.ledger.models import AuditEvent, Card, Node, PodBinding
 from controlplane.ledger.selectors import cluster_snapshot
 from controlplane.reconciler.source import PodView
+from controlplane.scheduling import Assignment
 
 log = logging.getLogger(__name__)
 SYSTEM = "reconciler"
@@ -258,18 +259,14 @@ def adopt_binding(allocation: Allocation) -> PodBinding:
         reserved_at=now,
         bound_at=now,
     )
-    Slice.objects.bulk_create(
-        Slice(
-            binding=binding,
-            card=cards[d.uuid],
-            container_name=c.name,
-            container_index=c.index,
-            init_container=c.init,
-            memory_mib=d.memory_mib,
-            compute_percent=d.cores,
-        )
-        for c in allocation.containers
-        for d in c.devices
+    ledger.write_slices(
+        binding,
+        (
+            Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores)
+            for c in allocation.containers
+            for d in c.devices
+        ),
+        {uuid: card.pk for uuid, card in cards.items()},
     )
     over = _overcommitted(node.name, set(cards))
     ledger.record_event(

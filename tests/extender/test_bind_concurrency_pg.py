@@ -6,12 +6,11 @@ connection, so the node row locks of lock -> recompute -> commit are real.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
@@ -19,7 +18,7 @@ from django.utils import timezone
 from controlplane import kube
 from controlplane.extender.selectors import expired_reservations
 from controlplane.ledger.models import PodBinding, Slice
-from tests.builders import make_node, using_postgres
+from tests.builders import make_node, run_at_once, using_postgres
 from tests.extender.builders import bind_args, gpu_pod
 from tests.extender.conftest import post
 
@@ -35,35 +34,21 @@ THREADS = 64
 
 
 def bind_all(pods: list[dict], node: str) -> Counter[str]:
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    start = threading.Barrier(len(pods))
-
-    def worker(pod: dict) -> None:
-        try:
-            client = Client()
-            start.wait()
-            response = post(client, "/scheduler/bind", bind_args(pod, node))
+    def binding(pod: dict):
+        def job() -> str:
+            response = post(Client(), "/scheduler/bind", bind_args(pod, node))
             error = response.json()["Error"] if response.status_code == 200 else "HTTP"
             if not error:
-                key = "bound"
-            elif "no longer fits" in error:
-                key = "refused"
-            elif "refused the Binding" in error:
-                key = "apiserver"
-            else:
-                key = f"other: {response.status_code} {error}"
-            with lock:
-                outcomes[key] += 1
-        finally:
-            connections.close_all()
+                return "bound"
+            if "no longer fits" in error:
+                return "refused"
+            if "refused the Binding" in error:
+                return "apiserver"
+            return f"other: {response.status_code} {error}"
 
-    threads = [threading.Thread(target=worker, args=(p,)) for p in pods]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return outcomes
+        return job
+
+    return run_at_once([binding(p) for p in pods])
 
 
 def card_use() -> dict[str, int]:

@@ -6,17 +6,17 @@ that fits. Each thread has its own database connection, so the row locks are rea
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import Count, Q, Sum
 
 from controlplane.ledger import services
 from controlplane.ledger.models import Card, PodBinding, Slice
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json, using_postgres
+from tests.builders import gpu_container, make_node, pod_json, run_at_once, using_postgres
 
 pytestmark = [
     pytest.mark.postgres,
@@ -29,32 +29,17 @@ pytestmark = [
 THREADS = 64
 
 
-def run_concurrently(jobs: list) -> Counter[str]:
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    start = threading.Barrier(len(jobs))
-
-    def worker(job) -> None:
+def reserving(request) -> Callable[[], str]:
+    def job() -> str:
         try:
-            start.wait()
-            try:
-                job()
-                result = "reserved"
-            except services.AllocationRefused:
-                result = "refused"
-            except Exception as exc:  # recorded and asserted on below, never swallowed
-                result = f"error: {type(exc).__name__}: {exc}"
-            with lock:
-                outcomes[result] += 1
-        finally:
-            connections.close_all()
+            services.reserve_binding(request, "n1")
+        except services.AllocationRefused:
+            return "refused"
+        except Exception as exc:  # recorded and asserted on, never swallowed
+            return f"error: {type(exc).__name__}: {exc}"
+        return "reserved"
 
-    threads = [threading.Thread(target=worker, args=(job,)) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return outcomes
+    return job
 
 
 def test_64_concurrent_reservations_never_over_allocate_and_lose_none() -> None:
@@ -64,7 +49,7 @@ def test_64_concurrent_reservations_never_over_allocate_and_lose_none() -> None:
     requests = [
         parse_pod(pod_json(f"p{i}", containers=[gpu_container(mem=1000)])) for i in range(THREADS)
     ]
-    outcomes = run_concurrently([lambda r=r: services.reserve_binding(r, "n1") for r in requests])
+    outcomes = run_at_once([reserving(r) for r in requests])
     assert outcomes == Counter({"reserved": 20, "refused": 44}), outcomes
     per_card = dict(
         Slice.objects.filter(active=True)
@@ -85,8 +70,8 @@ def test_mixed_sizes_and_repeated_uids_under_contention() -> None:
     for name, mem in pods:
         req = parse_pod(pod_json(name, containers=[gpu_container(mem=mem)]))
         # every pod is submitted twice at once: a retried bind must not double-book
-        jobs += [lambda r=req: services.reserve_binding(r, "n1")] * 2
-    outcomes = run_concurrently(jobs)
+        jobs += [reserving(req)] * 2
+    outcomes = run_at_once(jobs)
     assert not [k for k in outcomes if k.startswith("error")], outcomes
     cards = list(
         Card.objects.annotate(
