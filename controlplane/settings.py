@@ -17,6 +17,9 @@ Environment variables (all optional):
   TESSERA_DEFAULT_GPUMEM_MIB, TESSERA_DEFAULT_GPUMEM_PERCENTAGE, TESSERA_DEFAULT_GPUCORES,
   TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
+  TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
+  TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto from the ingress
+  TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
 """
 
 from __future__ import annotations
@@ -210,6 +213,19 @@ STORAGES = {
 
 # Request bodies: an inventory report of 64 cards is a few KiB; anything near 1 MiB is abuse.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+# Behind an HTTPS ingress: the dashboard's public origin(s) for CSRF, and trust the proxy's
+# X-Forwarded-Proto only when told to (a client could forge it otherwise).
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in env_str("TESSERA_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not _origin.startswith(("https://", "http://")):
+        raise ImproperlyConfigured(
+            f"TESSERA_CSRF_TRUSTED_ORIGINS: {_origin!r} needs its scheme, e.g. https://{_origin}"
+        )
+if env_bool("TESSERA_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

@@ -66,6 +66,8 @@ def test_defaults_are_embedded_and_sqlite(tmp_path) -> None:
         ({"TESSERA_DEFAULT_SLOTS": "lots"}, "TESSERA_DEFAULT_SLOTS"),
         ({"TESSERA_DEFAULT_GPUCORES": "101"}, "TESSERA_DEFAULT_GPUCORES"),
         ({"TESSERA_KUBE_MODE": "kubeconfig", "KUBECONFIG": "/nonexistent"}, "KUBECONFIG"),
+        ({"TESSERA_CSRF_TRUSTED_ORIGINS": "gpus.example.com"}, "https://gpus.example.com"),
+        ({"TESSERA_BEHIND_TLS_PROXY": "maybe"}, "TESSERA_BEHIND_TLS_PROXY"),
     ],
 )
 def test_unsafe_or_bad_settings_are_refused_with_a_clear_message(tmp_path, env, message) -> None:
