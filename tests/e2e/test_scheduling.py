@@ -37,20 +37,25 @@ def _pod(core: Any, namespace: str, name: str) -> Any:
 
 
 def _wait_running(core: Any, namespace: str, name: str, timeout: float = 60) -> Any:
+    stuck: list[str] = []  # what the failure message shows: where the pod got stuck
+
     def running() -> Any:
         pod = _pod(core, namespace, name)
         if pod.status.phase == "Running":
             return pod
-        # What the failure message shows: where the pod got stuck.
-        return (
+        stuck[:] = (
             []
             if pod.spec.node_name
             else [
                 f"{c.type}={c.status} {c.reason}: {c.message}" for c in pod.status.conditions or []
             ]
         )
+        return None  # a list of conditions must not count as "running"
 
-    return objects.wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run")
+    try:
+        return objects.wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; conditions: {stuck}") from None
 
 
 def _allocation(pod: Any) -> dict[str, Any]:
@@ -253,7 +258,10 @@ def test_deleting_a_pod_frees_its_slices(
         what="the reconciler to release the deleted pod's binding",
         every=1,
     )
-    # The card's room is back: another 70000 MiB slice on it now fits.
+    # The card's room is back: another 70000 MiB slice on it now fits. (Wait out the filter's
+    # snapshot, at most a few hundred ms old: a pod the extender turns away is retried by
+    # kube-scheduler only on a later cluster event, which could take minutes here.)
+    time.sleep(1.5)
     core.create_namespaced_pod(namespace, objects.gpu_pod("next", gpumem=70000, pool="release"))
     assert (
         _devices(_allocation(_wait_running(core, namespace, "next", timeout=120)))[0]["uuid"]
