@@ -576,20 +576,28 @@ static int nvml_ordinal(nvmlDevice_t device)
     return (int)idx;
 }
 
+/* The slice as NVML should report it for `device` whose card holds `total` bytes: true and
+ * t and f filled when the device is limited, false to leave the driver's answer alone. */
+static bool nvml_slice(nvmlDevice_t device, uint64_t total, uint64_t *t, uint64_t *f)
+{
+    int dev = nvml_ordinal(device);
+    uint64_t limit = tessera_mem_limit(dev);
+    if (dev < 0 || limit == 0)
+        return false;
+    tessera_region_reap_if_due();
+    clamp_report(limit, tessera_region_used(dev), total, UINT64_MAX, t, f);
+    return true;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     __typeof__(&nvmlDeviceGetMemoryInfo) real = REAL(nvmlDeviceGetMemoryInfo);
     tessera_ensure_init();
     nvmlReturn_t r = real(device, memory);
-    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL)
+    uint64_t t, f;
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL ||
+        !nvml_slice(device, memory->total, &t, &f))
         return r;
-    int dev = nvml_ordinal(device);
-    uint64_t limit = tessera_mem_limit(dev);
-    if (dev < 0 || limit == 0)
-        return r;
-    tessera_region_reap_if_due();
-    uint64_t used = tessera_region_used(dev), t, f;
-    clamp_report(limit, used, memory->total, UINT64_MAX, &t, &f);
     memory->total = t;
     memory->free = f;
     memory->used = t - f;
@@ -601,15 +609,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
     __typeof__(&nvmlDeviceGetMemoryInfo_v2) real = REAL(nvmlDeviceGetMemoryInfo_v2);
     tessera_ensure_init();
     nvmlReturn_t r = real(device, memory);
-    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL)
+    uint64_t t, f;
+    if (TESSERA_LIKELY(!tessera_mem_on) || r != NVML_SUCCESS || memory == NULL ||
+        !nvml_slice(device, memory->total, &t, &f))
         return r;
-    int dev = nvml_ordinal(device);
-    uint64_t limit = tessera_mem_limit(dev);
-    if (dev < 0 || limit == 0)
-        return r;
-    tessera_region_reap_if_due();
-    uint64_t used = tessera_region_used(dev), t, f;
-    clamp_report(limit, used, memory->total, UINT64_MAX, &t, &f);
     memory->total = t;
     memory->reserved = 0; /* the driver's reservation is outside the slice */
     memory->free = f;
