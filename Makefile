@@ -9,8 +9,11 @@ STAMP := $(VENV)/.installed
 PORT ?= 8000
 # Give the database and Tessera's own state a fixed home unless the caller chose one.
 export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
+# Values files (tests/deploy/) of the e2e pass whose control plane is configured from the Helm
+# chart: renamed resources and scheduler, so the pass differs from the default one.
+E2E_CHART_VALUES ?= values-resources.yaml
 
-.PHONY: help venv run worker beat migrate demo test test-deploy e2e e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+.PHONY: help venv run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
@@ -18,6 +21,7 @@ help:
 	@echo "make bench   print the benchmarks' figures"
 	@echo "make lint    ruff, mypy, import-linter"
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
+	@echo "make e2e-chart  the real-cluster suite with the control plane configured from the Helm chart"
 	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera"
 
 $(STAMP): pyproject.toml
@@ -56,7 +60,9 @@ lint: venv
 check-shim: venv
 	$(MAKE) -C shim check PYTHON=$(CURDIR)/$(PY)
 
-# The whole suite: lint, the shim's C checks, then pytest against SQLite and PostgreSQL.
+# The whole suite: lint, the shim's C checks, then pytest against SQLite (the e2e suite with
+# the harness's own configuration included), the e2e suite again with the control plane
+# configured from the Helm chart, and the database tests against PostgreSQL.
 # PostgreSQL and Redis are started (and installed when absent) by scripts/services.sh.
 test: lint check-shim test-python
 
@@ -64,7 +70,9 @@ test-python: venv
 	@scripts/browser.sh
 	@eval "$$(scripts/services.sh up)" && \
 	echo "== pytest on SQLite" && \
-	env -u DATABASE_URL $(PY) -m pytest && \
+	env -u DATABASE_URL -u TESSERA_E2E_CHART_VALUES $(PY) -m pytest && \
+	echo "== e2e with the control plane configured from the Helm chart ($(E2E_CHART_VALUES))" && \
+	env -u DATABASE_URL TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
 	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender
 
@@ -85,6 +93,12 @@ e2e-down: venv
 
 e2e: venv
 	@eval "$$(scripts/services.sh up)" && $(PY) -m pytest -m e2e tests/e2e
+
+# The same suite with the control plane, kube-scheduler's profile and the webhook registration
+# taken from `helm template` of deploy/helm/tessera with $(E2E_CHART_VALUES) (docs/e2e.md).
+e2e-chart: venv
+	@eval "$$(scripts/services.sh up)" && \
+	TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e
 
 bench-e2e: venv
 	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py

@@ -35,11 +35,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from controlplane.scheduling import ResourceNames
+
+if TYPE_CHECKING:  # e2e/chart.py is not importable when this file runs as a script
+    from e2e.chart import ChartConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 E2E_DIR = ROOT / "e2e"
@@ -312,6 +317,9 @@ class Options:
     access_log: bool = True
     controlplane_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 90.0
+    # Chart mode (e2e/chart.py): the control plane's env, kube-scheduler's profile and extender
+    # and the webhook registration from the rendered Helm chart instead of the harness's own.
+    chart: ChartConfig | None = None
 
 
 class Cluster:
@@ -356,6 +364,24 @@ class Cluster:
     @property
     def admin_token(self) -> str:
         return str(self.state["admin_token"])
+
+    @property
+    def resource_names(self) -> ResourceNames:
+        """The resource names the control plane under test manages (the chart's in chart mode)."""
+        chart = self.options.chart
+        return chart.resources if chart is not None else ResourceNames()
+
+    @property
+    def node_resource(self) -> str:
+        """What a node advertises, as the node plugin would (the chart's in chart mode)."""
+        chart = self.options.chart
+        return chart.node_resource if chart is not None else ResourceNames().gpu
+
+    @property
+    def scheduler_name(self) -> str:
+        """The profile the webhook gives GPU pods (the chart's TESSERA_SCHEDULER_NAME)."""
+        chart = self.options.chart
+        return chart.scheduler_name if chart is not None else "tessera-scheduler"
 
     def api_client(self) -> Any:
         """A kubernetes.client.ApiClient with the harness's admin identity (close it)."""
@@ -428,6 +454,14 @@ class Cluster:
             "components": {},
             "versions": load_versions(),
         }
+        chart = self.options.chart
+        if chart is not None:  # what the run took from the chart, and what it did not
+            self.state["chart"] = {
+                "source": chart.source,
+                "containers": list(chart.containers),
+                "env": chart.env,
+                "overridden": chart.overridden,
+            }
         self._save_state()
         make_certificates(self.pki)
         write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
@@ -637,7 +671,28 @@ class Cluster:
             "TESSERA_NODE_STALE_AFTER_S": "86400",
             "TESSERA_ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PYTHONUNBUFFERED": "1",
+            **self._chart_env(),
             **self.options.controlplane_env,
+        }
+
+    def _chart_env(self) -> dict[str, str]:
+        """Chart mode: the chart's settings (less e2e/chart.py OVERRIDDEN, which keep the
+        harness's values above) and what its TESSERA_ENV=production demands of the harness."""
+        chart = self.options.chart
+        if chart is None:
+            return {}
+        if "secret_key" not in self.state:
+            self.state["secret_key"] = secrets.token_urlsafe(48)
+            self._save_state()
+        key_file = self.run_dir / "allocation.key"
+        if not key_file.is_file():
+            key_file.write_text(self.state["allocation_key"] + "\n")
+            key_file.chmod(0o600)
+        return {
+            **chart.env,
+            "TESSERA_SECRET_KEY": self.state["secret_key"],
+            # Read first by the control plane; production refuses the plain variable.
+            "TESSERA_ALLOCATION_KEY_FILE": str(key_file),
         }
 
     def manage(self, *args: str) -> str:
@@ -772,7 +827,12 @@ class Cluster:
             return
         ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
         skip = {"key": WEBHOOK_SKIP_LABEL, "operator": "NotIn", "values": ["skip"]}
-        deployed = deployed_webhook_config()
+        chart = self.options.chart
+        deployed = (
+            (chart.webhook_config, f"{chart.source}: the MutatingWebhookConfiguration")
+            if chart is not None
+            else deployed_webhook_config()
+        )
         if deployed is not None:
             # The deployment's webhooks as written (rules, selectors, match conditions, timeout,
             # failure policy), pointed at this control plane instead of the in-cluster Service.
@@ -837,19 +897,45 @@ class Cluster:
             self.state["celery"] = "skipped: controlplane/celery.py does not exist (issue 6)"
             self._save_state()
             return
+        # The run's Redis database index may have served an earlier run (the index is taken
+        # from the run id): its resume point belongs to another API server. Start clean.
+        import redis
+
+        redis.Redis.from_url(self._redis_url()).flushdb()
+        self.start_celery()
+
+    def start_celery(
+        self,
+        name: str = "celery",
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        settle_s: float = 3.0,
+    ) -> None:
+        """A Celery process with the control plane's settings (its database, this API server):
+        by default the run's own `worker --beat`. Tests start more (`args`, a Redis of their own
+        in `env`) and stop them with `stop_component(name)`; `down` stops them all."""
+        args = args or [
+            "worker",
+            "--beat",
+            "--loglevel=INFO",
+            "--concurrency=2",
+            f"--hostname=e2e-{self.state['run_id']}@%h",
+        ]
         self._spawn(
-            "celery",
-            [sys.executable, "-m", "celery", "-A", "controlplane.celery", "worker", "--beat",
-             "--loglevel=INFO", "--concurrency=2", f"--hostname=e2e-{self.state['run_id']}@%h"],
+            name,
+            [sys.executable, "-m", "celery", "-A", "controlplane.celery", *args],
             port_names=(),
-            env=self._controlplane_env(),
+            env={**self._controlplane_env(), **(env or {})},
         )  # fmt: skip
         # A worker has no port: it is ready when it has been alive for a moment.
         alive_since = time.monotonic()
-        self._wait_ready("celery", lambda: time.monotonic() - alive_since > 3, "staying up 3 s")
+        self._wait_ready(
+            name, lambda: time.monotonic() - alive_since > settle_s, f"staying up {settle_s:g} s"
+        )
 
     def _tessera_extender(self) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
-        """Tessera's extender entry and profiles: from deploy/scheduler/ when it has them.
+        """Tessera's extender entry and profiles: from deploy/scheduler/ when it has them, from
+        the rendered chart's scheduler ConfigMap in chart mode.
 
         The deployed profile is used as written except for what only the harness knows: the
         URL of the control plane under test (plain HTTP on loopback here, as a sidecar would
@@ -869,7 +955,12 @@ class Cluster:
                 {"name": name, "ignoredByScheduler": True} for name in GPU_RESOURCES
             ],
         }
-        deployed = deployed_scheduler_config()
+        chart = self.options.chart
+        deployed = (
+            (chart.scheduler_config, f"{chart.source}: the scheduler ConfigMap")
+            if chart is not None
+            else deployed_scheduler_config()
+        )
         if deployed is None:
             return (
                 own,
@@ -879,12 +970,12 @@ class Cluster:
         config, source = deployed
         binders = [e for e in config.get("extenders") or [] if e.get("bindVerb")]
         profiles = [
-            p for p in config.get("profiles") or [] if p.get("schedulerName") == "tessera-scheduler"
+            p for p in config.get("profiles") or [] if p.get("schedulerName") == self.scheduler_name
         ]
         if len(binders) != 1 or not profiles:
             raise HarnessError(
                 f"{source}: expected one extender with a bindVerb and a profile named "
-                "tessera-scheduler in its KubeSchedulerConfiguration"
+                f"{self.scheduler_name} in its KubeSchedulerConfiguration"
             )
         entry = dict(binders[0])
         entry["urlPrefix"] = self.controlplane_url + (urlsplit(entry["urlPrefix"]).path or "")

@@ -13,27 +13,53 @@ from typing import Any
 
 import requests
 
+from controlplane.scheduling import ResourceNames
 from e2e.cluster import KWOK_LABEL, WEBHOOK_SKIP_LABEL
 
 A100 = "NVIDIA A100-SXM4-80GB"
+
+# The resource names the builders use unless told otherwise: HAMi's (the control plane's
+# defaults), or what the session's control plane was configured with (tests/e2e/conftest.py
+# calls `use_resources` with the chart's names in chart mode, before any object is built).
+_resources = ResourceNames()
+_node_resource = _resources.gpu
+
+
+def use_resources(names: ResourceNames, node_resource: str | None = None) -> None:
+    """Make pods ask for `names` and nodes advertise `node_resource` (default `names.gpu`)."""
+    global _resources, _node_resource
+    _resources = names
+    _node_resource = node_resource or names.gpu
+
+
+def resources() -> ResourceNames:
+    """The names `gpu_pod` asks for (see `use_resources`)."""
+    return _resources
 
 
 POOL_LABEL = "tessera.io/e2e-pool"
 
 
 def gpu_node(
-    name: str, *, cards: int = 8, slots: int = 10, model: str = A100, pool: str = "shared"
+    name: str,
+    *,
+    cards: int = 8,
+    slots: int = 10,
+    model: str = A100,
+    pool: str = "shared",
+    resource: str | None = None,
 ) -> dict[str, Any]:
     """A Node for kwok to run: it reports `cards x slots` slice slots like the node plugin.
 
     `pool` labels it so a test can keep its pods on nodes of its own (`gpu_pod(pool=...)`).
+    `resource`: the name it advertises them under (default: see `use_resources`).
     """
     capacity = {
         "cpu": "64",
         "memory": "512Gi",
         "pods": "250",
         "ephemeral-storage": "1Ti",
-        "nvidia.com/gpu": str(cards * slots),
+        resource or _node_resource: str(cards * slots),
     }
     return {
         "apiVersion": "v1",
@@ -101,13 +127,16 @@ def gpu_pod(
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     pool: str = "shared",
+    names: ResourceNames | None = None,
 ) -> dict[str, Any]:
-    """A pod asking for `gpus` slices of `gpumem` MiB and `gpucores` percent each (DESIGN §3)."""
-    limits = {"nvidia.com/gpu": str(gpus)}
+    """A pod asking for `gpus` slices of `gpumem` MiB and `gpucores` percent each (DESIGN §3),
+    under the resource names `names` (default: see `use_resources`)."""
+    names = names or _resources
+    limits = {names.gpu: str(gpus)}
     if gpumem is not None:
-        limits["nvidia.com/gpumem"] = str(gpumem)
+        limits[names.gpumem] = str(gpumem)
     if gpucores is not None:
-        limits["nvidia.com/gpucores"] = str(gpucores)
+        limits[names.gpucores] = str(gpucores)
     spec: dict[str, Any] = {
         "containers": [
             {"name": "app", "image": "registry.invalid/cuda-app:1", "resources": {"limits": limits}}

@@ -4,11 +4,17 @@ The session brings up etcd, kube-apiserver, kube-scheduler, kwok and the control
 test (e2e/cluster.py) once, creates eight simulated GPU nodes, reports their inventory through
 the real REST API with node tokens, and takes everything down at the end, also when a test fails
 or the session is interrupted.
+
+Chart mode: with TESSERA_E2E_CHART_VALUES=values-resources.yaml (comma-separated values files,
+names in tests/deploy/ or paths) the control plane, kube-scheduler and the webhook registration
+are configured from the Helm chart rendered with those values (e2e/chart.py), and the builders of
+e2e/objects.py ask for the chart's resource names. Empty or unset: the harness's own set-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ from typing import Any
 import pytest
 
 from e2e import objects
+from e2e.chart import CHART_VALUES_ENV, ChartConfig, ChartError
 from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, cache_dir
 
 NODES = [f"gpu-e2e-{i}" for i in range(8)]  # the shared pool
@@ -60,10 +67,35 @@ def binaries() -> dict[str, Path]:
         pytest.fail(str(exc), pytrace=False)
 
 
+def chart_values() -> list[str]:
+    """The values files of chart mode (TESSERA_E2E_CHART_VALUES); empty: chart mode is off."""
+    return [v.strip() for v in os.environ.get(CHART_VALUES_ENV, "").split(",") if v.strip()]
+
+
 @pytest.fixture(scope="session")
-def cluster(binaries: dict[str, Path]) -> Iterator[Cluster]:
-    options = Options(run_dir=cache_dir() / "run-pytest", binaries=binaries)
+def chart() -> ChartConfig | None:
+    """Chart mode's configuration: the chart rendered with the pinned helm, then read."""
+    values = chart_values()
+    if not values:
+        return None
+    from tests.deploy.chart import CHART, render
+
+    source = " ".join(
+        ["helm template", str(CHART.relative_to(ROOT)), *(f"--values {v}" for v in values)]
+    )
+    try:
+        return ChartConfig.from_manifests(render(*values), source=source)
+    except (RuntimeError, AssertionError, ChartError) as exc:
+        pytest.fail(f"chart mode ({CHART_VALUES_ENV}={values}): {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster(binaries: dict[str, Path], chart: ChartConfig | None) -> Iterator[Cluster]:
+    run = "run-pytest-chart" if chart is not None else "run-pytest"
+    options = Options(run_dir=cache_dir() / run, binaries=binaries, chart=chart)
     harness = Cluster(options)
+    # Pods ask for, and nodes advertise, what this control plane manages.
+    objects.use_resources(harness.resource_names, harness.node_resource)
     try:
         harness.up()
     except HarnessError as exc:
@@ -135,6 +167,17 @@ def namespace(core: Any, request: pytest.FixtureRequest) -> str:
     """A fresh namespace (with the default ServiceAccount no controller-manager creates here)."""
     name = objects.unique(request.node.name.replace("_", "-")[:40].strip("-").lower())
     core.create_namespace(objects.namespace(name))
+    core.create_namespaced_service_account(
+        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+    )
+    return name
+
+
+@pytest.fixture
+def unmanaged(core: Any, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace the webhook skips: the reconciler tests' pods, bound by the tests."""
+    name = objects.unique(request.node.name.replace("_", "-")[:30].strip("-").lower())
+    core.create_namespace(objects.namespace(name, webhook=False))
     core.create_namespaced_service_account(
         name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
     )

@@ -11,7 +11,7 @@ import pytest
 
 from e2e import objects
 from e2e.cluster import Cluster, HarnessError, Options, load_versions, processes_of_run
-from tests.e2e.conftest import NODES
+from tests.e2e.conftest import NODES, chart_values
 
 
 def test_every_component_is_up_at_the_pinned_version(cluster: Cluster, kube: Any) -> None:
@@ -24,12 +24,15 @@ def test_every_component_is_up_at_the_pinned_version(cluster: Cluster, kube: Any
     assert version.git_version == load_versions()["KUBERNETES_VERSION"]
 
 
-def test_kwok_runs_the_simulated_gpu_nodes(core: Any, gpu_nodes: dict[str, Any]) -> None:
+def test_kwok_runs_the_simulated_gpu_nodes(
+    cluster: Cluster, core: Any, gpu_nodes: dict[str, Any]
+) -> None:
     shared = "type=kwok,tessera.io/e2e-pool=shared"
     nodes = {n.metadata.name: n for n in core.list_node(label_selector=shared).items}
     assert sorted(nodes) == sorted(NODES)
     for node in nodes.values():
-        assert node.status.allocatable["nvidia.com/gpu"] == "80"
+        # 8 cards x 10 slots, under the node plugin's name (the chart's in chart mode)
+        assert node.status.allocatable[cluster.node_resource] == "80"
         assert {c.type: c.status for c in node.status.conditions}["Ready"] == "True"
 
 
@@ -66,6 +69,13 @@ def test_a_pod_without_gpus_runs_on_kwok_through_the_default_scheduler(
 
 # --- failures: a clear message, and nothing of the harness left running ------------------------
 
+# Each of these brings up a partial cluster of its own with the harness's defaults: the chart
+# changes nothing they check, so the chart-mode pass (make e2e-chart) leaves them to the default.
+not_in_chart_mode = pytest.mark.skipif(
+    bool(chart_values()),
+    reason="harness failure handling does not depend on the chart: run in the default pass",
+)
+
 
 def _failing_up(tmp_path: Path, binaries: dict[str, Path], **options: Any) -> tuple[str, str]:
     harness = Cluster(
@@ -80,6 +90,7 @@ def _failing_up(tmp_path: Path, binaries: dict[str, Path], **options: Any) -> tu
     return str(failure.value), run_id
 
 
+@not_in_chart_mode
 def test_a_taken_port_names_the_component_and_stops_the_others(
     tmp_path: Path, binaries: dict[str, Path]
 ) -> None:
@@ -92,6 +103,7 @@ def test_a_taken_port_names_the_component_and_stops_the_others(
     assert f"127.0.0.1:{port} is already in use" in message
 
 
+@not_in_chart_mode
 def test_a_missing_binary_names_itself_and_stops_the_others(
     tmp_path: Path, binaries: dict[str, Path]
 ) -> None:
@@ -100,6 +112,7 @@ def test_a_missing_binary_names_itself_and_stops_the_others(
     assert f"kwok: binary {tmp_path / 'no-such-kwok'} is missing" in message
 
 
+@not_in_chart_mode
 def test_a_component_that_dies_at_start_shows_its_log(
     tmp_path: Path, binaries: dict[str, Path]
 ) -> None:

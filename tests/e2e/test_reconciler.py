@@ -23,16 +23,6 @@ from tests.e2e.conftest import NODES
 pytestmark = pytest.mark.usefixtures("gpu_nodes")
 
 
-@pytest.fixture
-def unmanaged(core: Any, request: pytest.FixtureRequest) -> str:
-    name = objects.unique(request.node.name.replace("_", "-")[:30].strip("-").lower())
-    core.create_namespace(objects.namespace(name, webhook=False))
-    core.create_namespaced_service_account(
-        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    )
-    return name
-
-
 def pending_pod(core: Any, namespace: str, name: str, gpumem: int) -> str:
     pod = objects.gpu_pod(name, gpumem=gpumem, scheduler_name="nobody-schedules-this")
     return str(core.create_namespaced_pod(namespace, pod).metadata.uid)
@@ -59,7 +49,10 @@ def bind(core: Any, namespace: str, name: str, node: str, annotations: dict[str,
 
 
 def test_a_reservation_whose_binding_never_came_is_released_after_its_deadline(
-    cluster: Cluster, core: Any, unmanaged: str, tessera: objects.Tessera,
+    cluster: Cluster,
+    core: Any,
+    unmanaged: str,
+    tessera: objects.Tessera,
     node_tokens: dict[str, str],
 ) -> None:
     node = NODES[0]
@@ -90,7 +83,10 @@ def test_a_reservation_whose_binding_never_came_is_released_after_its_deadline(
 
 
 def test_a_bound_pod_missing_from_the_ledger_is_adopted_and_a_forged_one_is_not(
-    cluster: Cluster, core: Any, unmanaged: str, tessera: objects.Tessera,
+    cluster: Cluster,
+    core: Any,
+    unmanaged: str,
+    tessera: objects.Tessera,
     node_tokens: dict[str, str],
 ) -> None:
     node = NODES[1]

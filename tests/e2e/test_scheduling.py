@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from e2e import objects
+from e2e.cluster import Cluster
 from tests.e2e.conftest import (
     CARD_MEMORY_MIB,
     NODES,
@@ -78,12 +79,17 @@ def _unschedulable(core: Any, namespace: str, name: str) -> Any:
 
 
 def test_a_slice_pod_is_admitted_scheduled_bound_and_runs(
-    core: Any, namespace: str, tessera: objects.Tessera, node_tokens: dict[str, str]
+    core: Any,
+    namespace: str,
+    tessera: objects.Tessera,
+    node_tokens: dict[str, str],
+    cluster: Cluster,
 ) -> None:
     core.create_namespaced_pod(namespace, objects.gpu_pod("trainer", gpumem=10000, gpucores=30))
     pod = _wait_running(core, namespace, "trainer")
 
-    assert pod.spec.scheduler_name == "tessera-scheduler"  # set by the admission webhook
+    # Set by the admission webhook: tessera-scheduler, or the chart's scheduler.name.
+    assert pod.spec.scheduler_name == cluster.scheduler_name
     allocation = _allocation(pod)
     assert allocation["v"] == 1
     assert allocation["node"] == pod.spec.node_name in NODES

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 from django.db import connection
 from django.utils import timezone
 
@@ -29,18 +26,14 @@ from controlplane.kube import EmbeddedKube
 from controlplane.ledger import services as ledger
 from controlplane.ledger.models import Card, PodBinding, Slice
 from controlplane.reconciler.models import ReconcileRun
+from controlplane.reconciler.tasks import LOCK_KEY
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json
+from tests.workers import RedisServer, celery_args, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PERIOD_S = 1
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def database_url() -> str:
@@ -50,64 +43,6 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
     return f"postgres://{auth}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
-
-
-class RedisServer:
-    """A Redis server of the test's own, so it can be restarted mid-run."""
-
-    def __init__(self, workdir: Path) -> None:
-        if not shutil.which("redis-server"):
-            pytest.fail("redis-server is not installed: run `scripts/services.sh up` (make test)")
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), 10, "redis-server to start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> float:
-    """Poll until `check()` is truthy; returns the seconds it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if check():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Celery:
@@ -128,19 +63,10 @@ class Celery:
         }
 
     def start(self, role: str, name: str) -> None:
-        args = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
-        if role == "beat":
-            args += ["beat", "--loglevel=INFO", "-s", str(self.tmp / f"{name}-schedule")]
-        else:
-            args += [
-                "worker",
-                "--loglevel=INFO",
-                "--pool=solo",
-                "--queues=tessera",
-                f"--hostname={name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-            ]
+        args = [
+            sys.executable, "-m", "celery", "-A", "controlplane.celery",
+            *celery_args(role, name, self.tmp),
+        ]  # fmt: skip
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         self.procs.append(
             (
@@ -177,15 +103,6 @@ class Celery:
 def with_suppressed(fn: Callable[[], object]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         fn()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    if server.proc and server.proc.poll() is None:
-        server.kill()
 
 
 @pytest.fixture
@@ -285,12 +202,11 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
     keeper = reserve_for(kube, "keeper")
     kube.bind_pod("default", "keeper", keeper, "n1", {})
 
-    client = redis.Redis.from_url(redis_server.url)
     celery = celery_factory(TESSERA_FULL_RESYNC_S="0")
     celery.start("worker", "w1")
     celery.start("beat", "beat")
     try:
-        wait_for(lambda: _lock_held(client), 60, "a reconcile run to hold its lock")
+        wait_for(lambda: redis_server.has_key(LOCK_KEY), 60, "a reconcile run to hold its lock")
         redis_server.kill()  # Redis goes away mid-run: lock, resume point and queue with it
         time.sleep(1)
         redis_server.start()
@@ -314,13 +230,6 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
     except AssertionError:
         print(celery.logs())
         raise
-
-
-def _lock_held(client: redis.Redis) -> bool:
-    try:
-        return bool(client.exists("tessera:reconcile:lock"))
-    except redis.RedisError:
-        return False
 
 
 def test_two_workers_and_beat_run_one_reconcile_at_a_time(celery_factory) -> None:
