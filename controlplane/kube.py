@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from controlplane import rawsql
 from controlplane.extender.models import EmbeddedPod, EmbeddedPodEvent
 
 API_TIMEOUT_S = 5.0  # kube-scheduler gives the whole bind 5 s by default; stay inside it
@@ -294,6 +295,76 @@ def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _json_value(value: Any) -> Any:
+    """A JSON column as read by a plain cursor: text on both backends (Django decodes it only
+    for model fields)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@rawsql.per_vendor
+def _stand_in_sql() -> dict[str, str]:
+    """The stand-in's hot statements (reading a pod, binding it), hand-written: they run twice
+    per scheduled pod in the scheduler's process (controlplane/rawsql.py says why)."""
+    pod, event = rawsql.table(EmbeddedPod), rawsql.table(EmbeddedPodEvent)
+    key = (
+        f"{rawsql.column(EmbeddedPod, 'namespace')} = %s "
+        f"AND {rawsql.column(EmbeddedPod, 'name')} = %s"
+    )
+    row = ("id", "uid", "node_name", "obj", "resource_version")
+    update = ("obj", "node_name", "resource_version", "updated_at")
+    assignments = ", ".join(f"{rawsql.column(EmbeddedPod, f)} = %s" for f in update)
+    return {
+        "get": f"SELECT {rawsql.column(EmbeddedPod, 'obj')} FROM {pod} WHERE {key}",
+        "lock": (
+            f"SELECT {rawsql.columns(EmbeddedPod, row)} FROM {pod} WHERE {key}{rawsql.for_update()}"
+        ),
+        "update": (f"UPDATE {pod} SET {assignments} WHERE {rawsql.column(EmbeddedPod, 'id')} = %s"),
+        "event": (
+            f"INSERT INTO {event} ({rawsql.columns(EmbeddedPodEvent, ('type', 'obj', 'at'))}) "
+            f"VALUES {rawsql.placeholders(3)}"
+        ),
+    }
+
+
+@dataclass(slots=True)
+class _StandInRow:
+    """One stand-in pod read under its row lock, to change and store with a MODIFIED event."""
+
+    pk: int
+    uid: str
+    node_name: str
+    obj: dict[str, Any]
+    resource_version: int
+
+    @classmethod
+    def locked(cls, namespace: str, name: str) -> _StandInRow | None:
+        rows = rawsql.fetch(_stand_in_sql()["lock"], (namespace, name))
+        if not rows:
+            return None
+        pk, uid, node_name, obj, version = rows[0]
+        return cls(pk, uid, node_name, _json_value(obj), int(version))
+
+    def store(self) -> None:
+        self.resource_version += 1
+        self.obj["metadata"]["resourceVersion"] = str(self.resource_version)
+        now = datetime.now(UTC)
+        sql = _stand_in_sql()
+        update = (
+            rawsql.db_value(EmbeddedPod, "obj", self.obj),
+            self.node_name,
+            self.resource_version,
+            rawsql.db_value(EmbeddedPod, "updated_at", now),
+            self.pk,
+        )
+        rawsql.execute(sql["update"], update)
+        event = (
+            EmbeddedPodEvent.Type.MODIFIED.value,
+            rawsql.db_value(EmbeddedPodEvent, "obj", self.obj),
+            rawsql.db_value(EmbeddedPodEvent, "at", now),
+        )
+        rawsql.execute(sql["event"], event)
+
+
 class EmbeddedKube:
     """Pods and bindings in the database, with the API server's bind rules (DESIGN §7).
 
@@ -305,8 +376,8 @@ class EmbeddedKube:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with _timed():
-            row = EmbeddedPod.objects.filter(namespace=namespace, name=name).only("obj").first()
-            return None if row is None else row.obj
+            rows = rawsql.fetch(_stand_in_sql()["get"], (namespace, name))
+            return _json_value(rows[0][0]) if rows else None
 
     def list_pods(
         self, namespace: str | None = None, *, node_name: str | None = None
@@ -365,33 +436,18 @@ class EmbeddedKube:
     def set_phase(self, namespace: str, name: str, phase: str) -> bool:
         """What the kubelet would report (the demo marks its pods Running); False if gone."""
         with _timed(), transaction.atomic():
-            row = (
-                EmbeddedPod.objects.select_for_update()
-                .filter(namespace=namespace, name=name)
-                .first()
-            )
+            row = _StandInRow.locked(namespace, name)
             if row is None:
                 return False
             row.obj.setdefault("status", {})["phase"] = phase
-            self._save(row)
+            row.store()
             return True
-
-    @staticmethod
-    def _save(row: EmbeddedPod) -> None:
-        row.resource_version += 1
-        row.obj["metadata"]["resourceVersion"] = str(row.resource_version)
-        row.save(update_fields=["obj", "node_name", "resource_version", "updated_at"])
-        EmbeddedPodEvent.objects.create(type=EmbeddedPodEvent.Type.MODIFIED, obj=row.obj)
 
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
         with _timed(), transaction.atomic():
-            row = (
-                EmbeddedPod.objects.select_for_update()
-                .filter(namespace=namespace, name=name)
-                .first()
-            )
+            row = _StandInRow.locked(namespace, name)
             if row is None:
                 raise KubeError(f'pods "{name}" not found', 404, False)
             if uid and row.uid != uid:
@@ -416,7 +472,7 @@ class EmbeddedKube:
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now_rfc3339()}
             )
             row.node_name = node
-            self._save(row)
+            row.store()
 
     def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
         """Watch by polling the event table (every 50 ms) until `timeout_s` passes."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from django.conf import settings
 from django.db import connections
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED = 10_000
 MAX_BATCH = 200
+BATCH_WINDOW_S = 0.05
 IDLE_CLOSE_S = 30.0
 
 
@@ -98,11 +100,16 @@ class DecisionWriter:
             if first[0] == "stop":
                 connections.close_all()
                 return
+            # Gather what arrives for a moment: one upsert of many rows costs about what one
+            # of a single row does (a burst of filters would otherwise write row by row).
             batch = [first]
-            while len(batch) < MAX_BATCH:
+            until = time.monotonic() + BATCH_WINDOW_S
+            while len(batch) < MAX_BATCH and first[0] != "flush":
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(until - time.monotonic(), 0)))
                 except queue.Empty:
+                    break
+                if batch[-1][0] in ("flush", "stop"):
                     break
             stopping = any(kind == "stop" for kind, _ in batch)
             try:

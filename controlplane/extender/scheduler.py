@@ -26,12 +26,15 @@ from controlplane.extender.wire import BindingArgs, ExtenderArgs
 from controlplane.ledger import selectors, services
 from controlplane.ledger.models import PodBinding
 from controlplane.scheduling import (
+    CardClaim,
     PodRequest,
     QuotaUsage,
     ReasonCode,
     RequestError,
+    SliceClaim,
     Snapshot,
     check_quota,
+    claims_per_card,
     filter_nodes,
     parse_pod,
     prioritize,
@@ -234,20 +237,40 @@ def _call_binding(
     return None
 
 
-def run_bind(args: BindingArgs) -> BindAnswer:
-    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason."""
-    existing = ext_selectors.binding_of(args.pod_uid)
-    if existing is not None and existing.active:
-        where = existing.node.name if existing.node else ""
-        if where != args.node:
-            raise BindFailed(
-                f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
-                f"{existing.phase} on node {where or '(none)'}, not {args.node}",
-                "conflict",
-            )
-        if existing.phase != PodBinding.Phase.RESERVED:
-            return BindAnswer("already_bound", existing)  # same answer, no second Binding
+def _claims(binding: PodBinding) -> dict[str, CardClaim]:
+    """What a reservation just written takes on each card (from what reserve wrote)."""
+    placed = getattr(binding, "placed", None) or ()
+    return claims_per_card(
+        SliceClaim(uuid, index, init, memory, cores)
+        for _, index, init, uuid, _, memory, cores in placed
+    )
 
+
+def _earlier_answer(args: BindingArgs) -> BindAnswer | None:
+    """For a pod whose binding this extender already made: the same answer again (no second
+    Binding), or a conflict when it holds one on another node. None when the pod has no active
+    binding, or only a reservation (whose Binding may still be owed)."""
+    existing = ext_selectors.binding_of(args.pod_uid)
+    if existing is None or not existing.active:
+        return None
+    where = existing.node.name if existing.node else ""
+    if where != args.node:
+        raise BindFailed(
+            f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
+            f"{existing.phase} on node {where or '(none)'}, not {args.node}",
+            "conflict",
+        )
+    if existing.phase != PodBinding.Phase.RESERVED:
+        return BindAnswer("already_bound", existing)
+    return None
+
+
+def run_bind(args: BindingArgs) -> BindAnswer:
+    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason.
+
+    The common case costs the pod read, one ledger transaction, the Binding and one UPDATE; a
+    repeated bind is recognised inside the reservation (or, for a pod that is gone, here).
+    """
     kube = kube_adapter.get_kube()
     try:
         pod = kube.get_pod(args.namespace, args.pod_name)
@@ -255,9 +278,13 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         raise BindFailed(
             f"cannot read the pod from the API server: {exc.message}", "apiserver_error"
         ) from None
+    meta = (pod or {}).get("metadata") or {}
+    if pod is None or meta.get("uid") != args.pod_uid:
+        earlier = _earlier_answer(args)  # the pod went after we bound it: the same answer
+        if earlier is not None:
+            return earlier
     if pod is None:
         raise BindFailed(f"pod {args.namespace}/{args.pod_name} does not exist", "invalid")
-    meta = pod.get("metadata") or {}
     if meta.get("uid") != args.pod_uid:
         raise BindFailed(
             f"pod {args.namespace}/{args.pod_name} has UID {meta.get('uid')}, not "
@@ -277,12 +304,16 @@ def run_bind(args: BindingArgs) -> BindAnswer:
 
     try:
         binding = services.reserve_binding(request, args.node)
+    except services.AlreadyPlaced as exc:
+        raise BindFailed(exc.message, "conflict") from None
     except services.ServiceError as exc:
         record_bind_outcome(
             args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, exc.message
         )
         raise BindFailed(exc.message, "refused") from None
-    snapshot_cache.mark_dirty([args.node])
+    if getattr(binding, "placed", None) is None and binding.phase != PodBinding.Phase.RESERVED:
+        return BindAnswer("already_bound", binding)  # bound before: no second Binding
+    snapshot_cache.assume(args.node, _claims(binding))
 
     record = ext_selectors.allocation_of(binding)
     annotations = signing.annotations(record)
@@ -305,6 +336,6 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         )
         raise BindFailed(message, "apiserver_error")
 
-    binding = services.confirm_binding(args.pod_uid)
+    binding = services.confirm_binding(args.pod_uid, binding)
     # No decision-log write on success: "why" reads the binding itself (fewer round trips).
     return BindAnswer("bound", binding)

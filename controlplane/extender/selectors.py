@@ -9,10 +9,9 @@ from typing import Any
 from django.db.models import Count, Max, Q
 
 from controlplane.extender.signing import ContainerAllocation, Device, allocation_record
-from controlplane.ledger import selectors as ledger_selectors
+from controlplane.ledger import sql as ledger_sql
 from controlplane.ledger.models import (
     Card,
-    NamespaceQuota,
     Node,
     PodBinding,
     SchedulingDecision,
@@ -22,29 +21,25 @@ from controlplane.scheduling import QuotaLimits
 
 
 def nodes_changed_since(since: datetime) -> set[str]:
-    """Names of nodes whose node, card or binding rows changed at or after `since` (3 queries).
+    """Names of nodes whose node, card or binding rows changed at or after `since` (1 query).
 
     The snapshot cache's incremental refresh; a binding's slices change only together with the
     binding row (reserve, release), so its `updated_at` covers them.
     """
-    names = set(Node.objects.filter(updated_at__gte=since).values_list("name", flat=True))
-    names.update(Card.objects.filter(updated_at__gte=since).values_list("node__name", flat=True))
-    names.update(
-        PodBinding.objects.filter(updated_at__gte=since, node__isnull=False).values_list(
-            "node__name", flat=True
-        )
-    )
-    return names
+    return ledger_sql.nodes_changed_since(since)
 
 
 def ledger_counts() -> tuple[int, int]:
     """(nodes, cards) in the ledger: deletions are the one change `updated_at` cannot show."""
-    return Node.objects.count(), Card.objects.count()
+    return ledger_sql.ledger_counts()
 
 
 def all_quota_limits() -> dict[str, QuotaLimits]:
     """Every namespace quota (one query)."""
-    return {q.namespace: ledger_selectors.quota_limits_of(q) for q in NamespaceQuota.objects.all()}
+    return {
+        namespace: QuotaLimits(memory_mib=memory, cores=cores, gpus=gpus)
+        for namespace, (memory, cores, gpus) in ledger_sql.quota_limits().items()
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ so the cache is kept fresh incrementally and off the request path:
   changed since its last pass (minus a margin for transactions that committed late) and swaps
   them in; when node or card counts drop (rows deleted) it rebuilds everything, and it does so
   anyway every `FULL_REFRESH_S`; a rebuild then catches up on what changed while it read;
-- a node this process has just bound onto is marked dirty and re-read (one small query set)
-  before the next answer, so this process's own binds show at once (the scheduler's sidecar
-  is the only binder);
+- what this process has just reserved on a node is added to the cached node at once (the
+  "assumed pod": no re-read), so its own binds show in the very next answer (the scheduler's
+  sidecar is the only binder); a node whose bind was undone is marked dirty and re-read
+  before the next answer;
 - should the thread fall behind by more than `STALE_LIMIT_S`, the request refreshes itself.
 
 `FILTER_SNAPSHOT_TTL_MS = 0` turns the cache off (each call reads the committed ledger).
@@ -27,7 +28,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -37,7 +38,7 @@ from django.utils import timezone
 
 from controlplane.extender import selectors as ext_selectors
 from controlplane.ledger import selectors
-from controlplane.scheduling import NodeState, QuotaLimits, Snapshot
+from controlplane.scheduling import CardClaim, NodeState, QuotaLimits, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,25 @@ class SnapshotCache:
     def mark_dirty(self, node_names: Iterable[str]) -> None:
         """This process changed these nodes' rows: re-read them before the next answer."""
         self._dirty.update(node_names)
+
+    def assume(self, node_name: str, claims: Mapping[str, CardClaim]) -> None:
+        """This process just reserved these claims on the node: add them to the cached node
+        (kube-scheduler's "assumed pod") instead of re-reading it before the next answer.
+
+        The node's rows changed, so the next incremental pass re-reads it anyway; a read that
+        began before this call is older than the reservation and is not installed over it.
+        """
+        if self._snapshot is None or _ttl() <= 0:
+            return
+        with self._lock:
+            node = self._snapshot.by_name.get(node_name)
+            if node is None:
+                self._dirty.add(node_name)
+                return
+            nodes = dict(self._snapshot.by_name)
+            nodes[node_name] = node.with_claims(claims)
+            self._snapshot = Snapshot(tuple(nodes.values()))
+            self._read_at[node_name] = time.monotonic()
 
     def quota_limits(self, namespace: str) -> QuotaLimits | None:
         """The namespace's quota as of the snapshot (bind re-checks it under the lock)."""
@@ -151,17 +171,19 @@ class SnapshotCache:
         with self._lock:
             assert self._snapshot is not None
             if read.names:
-                nodes = {n.name: n for n in self._snapshot.nodes}
+                nodes = dict(self._snapshot.by_name)
                 for name in read.names:
                     if self._read_at.get(name, 0.0) > read.started:
                         continue  # a later read of this node is already in
                     self._read_at[name] = read.started
+                    old = nodes.get(name)
+                    self._cards -= len(old.cards) if old is not None else 0
                     if name in read.nodes:
-                        nodes[name] = read.nodes[name]
-                    else:
-                        nodes.pop(name, None)
+                        nodes[name] = read.nodes[name]  # in place: the order stays
+                        self._cards += len(read.nodes[name].cards)
+                    elif old is not None:
+                        del nodes[name]
                 self._snapshot = Snapshot(tuple(nodes.values()))
-                self._cards = sum(len(n.cards) for n in self._snapshot.nodes)
             if read.incremental:
                 self._cursor, self._synced_at = read.cursor, read.started
                 self._quotas = read.quotas or {}

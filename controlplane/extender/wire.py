@@ -81,7 +81,8 @@ def parse_extender_args(raw: Any) -> ExtenderArgs:
         if not isinstance(names_raw, list):
             raise WireError("NodeNames", "must be a list of node names")
         # The common case checked at C speed; the slow loop only finds the culprit.
-        if not all(type(v) is str and 0 < len(v) <= MAX_NAME for v in names_raw):
+        lengths = list(map(len, names_raw)) if set(map(type, names_raw)) <= {str} else [0]
+        if names_raw and not 0 < min(lengths) <= max(lengths) <= MAX_NAME:
             for i, v in enumerate(names_raw):
                 _node_name(v, f"NodeNames[{i}]")
         return ExtenderArgs(dict(pod), names_raw, None, None)

@@ -7,12 +7,12 @@ the hot paths (filter, bind) must never issue a query per node or per card.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 from django.db.models import QuerySet
 
+from controlplane.ledger import sql
 from controlplane.ledger.models import Card, NamespaceQuota, Node, PodBinding, Slice
 from controlplane.scheduling import (
     CardClaim,
@@ -44,17 +44,7 @@ def scheduling_config() -> SchedulingConfig:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _SliceRow:
-    binding_id: int
-    card_id: int
-    container_index: int
-    init: bool
-    memory_mib: int
-    cores: int
-
-
-def _active_slice_rows(slices: QuerySet[Slice]) -> list[_SliceRow]:
+def _active_slice_rows(slices: QuerySet[Slice]) -> list[sql.SliceRow]:
     rows = slices.filter(active=True).values_list(
         "binding_id",
         "card_id",
@@ -63,23 +53,31 @@ def _active_slice_rows(slices: QuerySet[Slice]) -> list[_SliceRow]:
         "memory_mib",
         "compute_percent",
     )
-    return [_SliceRow(*row) for row in rows]
+    return [sql.SliceRow(*row) for row in rows]
 
 
-def _card_claims(rows: Iterable[_SliceRow]) -> dict[int, CardClaim]:
-    """Per card id, the sum over pods of each pod's peak claim on that card."""
+def _card_claims(rows: Iterable[sql.SliceRow]) -> dict[int, CardClaim]:
+    """Per card id, the sum over pods of each pod's peak claim on that card.
+
+    A pod without init-container slices claims exactly the sum of its slices on each card, so
+    those rows are added up directly; only pods with init slices go through the core's fold
+    (`claims_per_card`). Same numbers, a fraction of the work on a node holding 80 pods.
+    """
+    rows = list(rows)
+    with_init = {r.binding_id for r in rows if r.init}
+    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     by_binding: dict[int, list[SliceClaim]] = defaultdict(list)
     for r in rows:
-        by_binding[r.binding_id].append(
-            SliceClaim(
-                card_uuid=str(r.card_id),
-                container_index=r.container_index,
-                init=r.init,
-                memory_mib=r.memory_mib,
-                cores=r.cores,
+        if r.binding_id in with_init:
+            by_binding[r.binding_id].append(
+                SliceClaim(str(r.card_id), r.container_index, r.init, r.memory_mib, r.cores)
             )
-        )
-    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+            continue
+        t = totals[r.card_id]
+        t[0] += r.memory_mib
+        t[1] += r.cores
+        t[2] += 1
+        t[3] += r.cores >= 100
     for claims in by_binding.values():
         for card_key, claim in claims_per_card(claims).items():
             t = totals[int(card_key)]
@@ -93,7 +91,7 @@ def _card_claims(rows: Iterable[_SliceRow]) -> dict[int, CardClaim]:
     }
 
 
-def _card_state(card: Card, claim: CardClaim | None) -> CardState:
+def _card_state(card: sql.CardRow | Card, claim: CardClaim | None) -> CardState:
     healthy = card.healthy and card.present
     reason = card.health_reason if card.present else MISSING_CARD_REASON
     return CardState(
@@ -115,31 +113,30 @@ def _card_state(card: Card, claim: CardClaim | None) -> CardState:
 
 
 def cluster_snapshot(node_names: Iterable[str] | None = None) -> Snapshot:
-    """The committed ledger as a core Snapshot, in three queries.
+    """The committed ledger as a core Snapshot, in three queries (hand-written: ledger/sql.py).
 
     `node_names` limits it to those nodes (unknown names are simply absent); None = all nodes.
     """
-    nodes_qs = Node.objects.all()
-    cards_qs = Card.objects.all()
-    slices_qs = Slice.objects.all()
-    if node_names is not None:
-        names = list(node_names)
-        nodes_qs = nodes_qs.filter(name__in=names)
-        cards_qs = cards_qs.filter(node__name__in=names)
-        slices_qs = slices_qs.filter(card__node__name__in=names)
-    return _build_snapshot(list(nodes_qs), list(cards_qs), _active_slice_rows(slices_qs))
+    names = None if node_names is None else list(node_names)
+    return _build_snapshot(sql.nodes(names), sql.cards(names), sql.active_slices(names))
 
 
-def node_state(node: Node) -> tuple[NodeState, dict[str, int]]:
-    """One node as the core sees it, from committed rows (two queries), with its cards' ids by
-    UUID (for writing slices). Used under the node lock."""
-    cards = list(Card.objects.filter(node=node))
-    rows = _active_slice_rows(Slice.objects.filter(card__node=node))
-    state = _build_snapshot([node], cards, rows).nodes[0]
+def node_state(
+    node: sql.NodeRow | Node,
+    cards: Sequence[sql.CardRow | Card],
+    slices: Iterable[sql.SliceRow],
+) -> tuple[NodeState, dict[str, int]]:
+    """One node as the core sees it, from its committed card and slice rows (bind reads them
+    under the node lock), with its cards' ids by UUID (for writing slices)."""
+    state = _build_snapshot([node], cards, slices).nodes[0]
     return state, {c.uuid: c.pk for c in cards}
 
 
-def _build_snapshot(nodes: list[Node], cards: list[Card], rows: list[_SliceRow]) -> Snapshot:
+def _build_snapshot(
+    nodes: Sequence[sql.NodeRow | Node],
+    cards: Sequence[sql.CardRow | Card],
+    rows: Iterable[sql.SliceRow],
+) -> Snapshot:
     claims = _card_claims(rows)
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):

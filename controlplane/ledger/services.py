@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.ledger import selectors
-from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node, PodBinding, Slice
+from controlplane import rawsql
+from controlplane.ledger import selectors, sql
+from controlplane.ledger.models import AuditEvent, Card, Node, PodBinding, Slice
 from controlplane.scheduling import (
     Assignment,
     NodeFit,
     PodRequest,
+    QuotaLimits,
     Refusal,
     SliceClaim,
     check_quota,
@@ -48,6 +50,10 @@ class NotFound(ServiceError):
 
 class Conflict(ServiceError):
     status = 409
+
+
+class AlreadyPlaced(Conflict):
+    """The pod already holds an active binding on another node."""
 
 
 class AllocationRefused(Conflict):
@@ -227,38 +233,45 @@ def reserve_binding(request: PodRequest, node_name: str) -> PodBinding:
 def _same_node_or_conflict(existing: PodBinding, node_name: str) -> PodBinding:
     if existing.node is not None and existing.node.name == node_name:
         return existing
-    where = existing.node.name if existing.node else "no node"
-    raise Conflict(
+    where = existing.node.name if existing.node else "(none)"
+    raise AlreadyPlaced(
         f"pod {existing.namespace}/{existing.name} ({existing.pod_uid}) is already "
-        f"{existing.phase} on {where}",
+        f"{existing.phase} on node {where}, not {node_name}",
         field="pod_uid",
     )
 
 
 def _reserve(request: PodRequest, node_name: str) -> PodBinding:
+    # The hot path in hand-written SQL (ledger/sql.py says why); rare branches use the ORM.
     # Lock order: quota, then node (see module docstring).
-    quota = NamespaceQuota.objects.select_for_update().filter(namespace=request.namespace).first()
-    node = Node.objects.select_for_update().filter(name=node_name).first()
+    quota = sql.lock_quota(request.namespace)
+    node = sql.lock_node(node_name)
     if node is None:
+        existing = PodBinding.objects.select_related("node").filter(pod_uid=request.uid).first()
+        if existing is not None and existing.active:
+            _same_node_or_conflict(existing, node_name)  # placed elsewhere says more
         raise NotFound(f"node {node_name!r} is not registered with Tessera", field="node")
-    # Read the pod's binding only under the node lock: a retried bind of the same pod that
-    # waited for the lock must see the reservation its twin just committed, not re-fit.
-    existing = (
-        PodBinding.objects.select_for_update(of=("self",))
-        .select_related("node")
-        .filter(pod_uid=request.uid)
-        .first()
-    )
-    if existing is not None and existing.active:
-        return _same_node_or_conflict(existing, node_name)
-    if existing is not None and existing.phase == PodBinding.Phase.RELEASED:
-        raise Conflict(
-            f"pod {request.namespace}/{request.name} ({request.uid}) has ended; a pod UID is "
-            "never bound twice",
-            field="pod_uid",
+    # Read the pod's binding only under the node lock (with the node's cards and slices): a
+    # retried bind of the same pod that waited for the lock must see the reservation its twin
+    # just committed, not re-fit.
+    cards, slices, existing_id = sql.node_cards_and_slices(node.pk, request.uid)
+    existing = None
+    if existing_id is not None:
+        existing = (
+            PodBinding.objects.select_for_update(of=("self",))
+            .select_related("node")
+            .get(pk=existing_id)
         )
+        if existing.active:
+            return _same_node_or_conflict(existing, node_name)
+        if existing.phase == PodBinding.Phase.RELEASED:
+            raise Conflict(
+                f"pod {request.namespace}/{request.name} ({request.uid}) has ended; a pod UID "
+                "is never bound twice",
+                field="pod_uid",
+            )
 
-    state, card_ids = selectors.node_state(node)
+    state, card_ids = selectors.node_state(node, cards, slices)
     placed = place_on_node(state, request)
     if isinstance(placed, NodeFit):
         raise AllocationRefused(
@@ -270,7 +283,7 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         demand = usage_of(claims_per_card(_slice_claims(placed)))
         refusal = check_quota(
             request.namespace,
-            selectors.quota_limits_of(quota),
+            QuotaLimits(memory_mib=quota[0], cores=quota[1], gpus=quota[2]),
             selectors.namespace_usage(request.namespace),
             demand,
         )
@@ -279,9 +292,12 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
 
     now = timezone.now()
     deadline = now + timedelta(seconds=settings.TESSERA["RESERVATION_TIMEOUT_S"])
+    node_row = rawsql.loaded(
+        Node(pk=node.pk, name=node.name, ready=node.ready, cordoned=node.cordoned)
+    )
     if existing is not None:  # a failed earlier attempt: reuse its row (the UID is unique)
         binding = existing
-        binding.node, binding.phase, binding.reason = node, PodBinding.Phase.RESERVED, ""
+        binding.node, binding.phase, binding.reason = node_row, PodBinding.Phase.RESERVED, ""
         binding.request, binding.deadline, binding.reserved_at = request.to_dict(), deadline, now
         binding.namespace, binding.name = request.namespace, request.name
         binding.save()
@@ -289,17 +305,22 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         # (binding, container, card) constraint when the retry lands on the same card.
         binding.slices.filter(active=False).delete()
     else:
-        binding = PodBinding.objects.create(
-            pod_uid=request.uid,
-            namespace=request.namespace,
-            name=request.name,
-            node=node,
-            phase=PodBinding.Phase.RESERVED,
-            request=request.to_dict(),
-            deadline=deadline,
-            reserved_at=now,
-        )
-    write_slices(binding, placed, card_ids)
+        values = {
+            "pod_uid": request.uid,
+            "namespace": request.namespace,
+            "name": request.name,
+            "node": node.pk,
+            "phase": PodBinding.Phase.RESERVED.value,
+            "reason": "",
+            "request": request.to_dict(),
+            "deadline": deadline,
+            "reserved_at": now,
+            "created_at": now,
+            "updated_at": now,
+        }
+        binding_id = sql.insert_binding(values)
+        binding = rawsql.loaded(PodBinding(pk=binding_id, **{**values, "node": node_row}))
+    write_slices(binding, placed, card_ids, now)
     # What was just written, for the caller that signs the allocation (saves it a re-read).
     card_index = {c.uuid: c.index for c in state.cards}
     binding.placed = tuple(  # type: ignore[attr-defined]
@@ -318,35 +339,35 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
 
 
 def write_slices(
-    binding: PodBinding, assignments: Iterable[Assignment], card_ids: Mapping[str, int]
+    binding: PodBinding,
+    assignments: Iterable[Assignment],
+    card_ids: Mapping[str, int],
+    now: datetime | None = None,
 ) -> None:
     """The binding's slices, one per (container, card) assignment (inside the caller's
-    transaction and lock)."""
-    Slice.objects.bulk_create(
-        Slice(
-            binding=binding,
-            card_id=card_ids[a.card_uuid],
-            container_name=a.container_name,
-            container_index=a.container_index,
-            init_container=a.init,
-            memory_mib=a.memory_mib,
-            compute_percent=a.cores,
-            active=True,
-        )
-        for a in assignments
-    )
+    transaction and lock; one statement)."""
+    sql.insert_slices(
+        (
+            (binding.pk, card_ids[a.card_uuid], a.container_name, a.container_index, a.init,
+             a.memory_mib, a.cores)
+            for a in assignments
+        ),
+        now or timezone.now(),
+    )  # fmt: skip
 
 
-def confirm_binding(pod_uid: str) -> PodBinding:
+def confirm_binding(pod_uid: str, reserved: PodBinding | None = None) -> PodBinding:
     """The API server accepted the Binding: reserved -> bound. Repeating it changes nothing.
 
     One conditional UPDATE does the transition (atomic on its own, no lock to hold): bind's hot
-    path pays one statement, not a locked read-modify-write.
+    path pays one statement, not a locked read-modify-write. `reserved`, the row as bind's
+    reservation wrote it, is returned updated when that UPDATE changed it (no re-read).
     """
     now = timezone.now()
-    PodBinding.objects.filter(pod_uid=pod_uid, phase=PodBinding.Phase.RESERVED).update(
-        phase=PodBinding.Phase.BOUND, bound_at=now, deadline=None, updated_at=now
-    )
+    if sql.confirm(pod_uid, now) == 1 and reserved is not None and reserved.pod_uid == pod_uid:
+        reserved.phase, reserved.bound_at, reserved.deadline = PodBinding.Phase.BOUND, now, None
+        reserved.updated_at = now
+        return reserved
     binding = PodBinding.objects.filter(pod_uid=pod_uid).first()
     if binding is None:
         raise NotFound(f"no binding for pod UID {pod_uid}", field="pod_uid")

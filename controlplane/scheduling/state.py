@@ -9,8 +9,10 @@ ints from a tuple is an order of magnitude cheaper than walking card objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
+
+from controlplane.scheduling.claims import CardClaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +245,24 @@ class NodeState:
         if not isinstance(self.cards, tuple):
             object.__setattr__(self, "cards", tuple(self.cards))
         object.__setattr__(self, "view", NodeView(self.ready, self.cordoned, self.cards))
+
+    def with_claims(self, claims: Mapping[str, CardClaim]) -> NodeState:
+        """This node with one more pod's claims (card UUID -> claim) added to its cards: what
+        the ledger will say once that pod's reservation is read back (the scheduler's
+        "assumed pod"). Claims on cards the node does not have are ignored."""
+        cards = tuple(
+            card
+            if (claim := claims.get(card.uuid)) is None
+            else replace(
+                card,
+                used_memory_mib=card.used_memory_mib + claim.memory_mib,
+                used_compute=card.used_compute + claim.cores,
+                used_slots=card.used_slots + claim.slots,
+                exclusive=card.exclusive or claim.exclusive,
+            )
+            for card in self.cards
+        )
+        return NodeState(self.name, self.ready, self.cordoned, cards)
 
 
 @dataclass(frozen=True, slots=True)

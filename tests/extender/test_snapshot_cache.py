@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.extender import snapshots
 from controlplane.extender.snapshots import snapshot_cache
-from controlplane.ledger import services
+from controlplane.ledger import selectors, services
 from controlplane.ledger.models import Node
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
@@ -55,6 +55,25 @@ def test_this_process_binds_are_seen_at_once(client, cached, fake_kube) -> None:
     assert feasible(client, first, ["n1"]) == ["n1"]
     assert post(client, "/scheduler/bind", bind_args(first, "n1")).json() == {"Error": ""}
     assert feasible(client, gpu_pod("second", mem=6000), ["n1"]) == []  # no TTL wait
+
+
+def test_own_binds_are_assumed_exactly_as_the_ledger_reads_them_back(
+    client, cached, fake_kube, django_assert_max_num_queries
+) -> None:
+    make_node("n1", cards=3, memory_mib=10000)
+    feasible(client, gpu_pod("warm"), ["n1"])
+    pods = [
+        fake_kube.add(gpu_pod("two", gpus=2, mem=3000, cores=30)),
+        fake_kube.add(gpu_pod("whole", mem=2000, cores=100)),
+    ]
+    for pod in pods:
+        assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}
+    # the next answer reads no node from the ledger (only the decision upsert in its savepoint,
+    # + SET LOCAL on PostgreSQL; a re-read would add 3 queries), yet the cached node is exactly
+    # what the ledger says now: memory, compute, slots and exclusivity
+    with django_assert_max_num_queries(4):
+        assert feasible(client, gpu_pod("third", mem=8000), ["n1"]) == []
+    assert snapshot_cache.get().by_name["n1"] == selectors.cluster_snapshot(["n1"]).nodes[0]
 
 
 def test_new_nodes_appear_and_deleted_ones_go(client, cached, monkeypatch) -> None:

@@ -1,0 +1,287 @@
+"""Hand-written SQL for the ledger's two hot paths: bind's critical section and snapshot reads.
+
+Why not the ORM here (controlplane/rawsql.py): compiling a queryset costs 0.3-1 ms of CPU per
+statement, a round trip to PostgreSQL on loopback about 40 µs. Bind runs its statements under
+the node's row lock and the scheduler's binds are served by one process (one GIL), so that CPU
+was most of a burst's time (docs/extender.md, "Performance"). Everything else keeps the ORM.
+Only the selectors and services of this app call these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db import connection
+
+from controlplane import rawsql
+from controlplane.ledger.models import (
+    Card,
+    NamespaceQuota,
+    Node,
+    PodBinding,
+    SchedulingDecision,
+    Slice,
+)
+from controlplane.rawsql import column, columns, table
+
+
+class NodeRow(NamedTuple):
+    pk: int
+    name: str
+    ready: bool
+    cordoned: bool
+
+
+class CardRow(NamedTuple):
+    """The columns of a card that the scheduling core needs (attribute names as on `Card`)."""
+
+    pk: int
+    node_id: int
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    compute_units: int
+    slots: int
+    numa_node: int | None
+    healthy: bool
+    health_reason: str
+    cordoned: bool
+    present: bool
+
+
+class SliceRow(NamedTuple):
+    binding_id: int
+    card_id: int
+    container_index: int
+    init: bool
+    memory_mib: int
+    cores: int
+
+
+_NODE = ("id", "name", "ready", "cordoned")
+_CARD = ("id", "node", "uuid", "index", "model", "memory_mib", "compute_units", "slots",
+         "numa_node", "healthy", "health_reason", "cordoned", "present")  # fmt: skip
+_SLICE = ("binding", "card", "container_index", "init_container", "memory_mib", "compute_percent")
+BINDING_INSERT = ("pod_uid", "namespace", "name", "node", "phase", "reason", "request",
+                  "deadline", "reserved_at", "created_at", "updated_at")  # fmt: skip
+DECISION = ("pod_uid", "namespace", "name", "outcome", "summary", "feasible_nodes",
+            "node_reasons", "reason_counts", "nodes_considered", "decided_at")  # fmt: skip
+_SLICE_INSERT = ("binding", "card", "container_name", "container_index", "init_container",
+                 "memory_mib", "compute_percent", "active", "created_at")  # fmt: skip
+
+
+@rawsql.per_vendor
+def _statements() -> dict[str, str]:
+    node, card, slc, binding, quota = (
+        table(Node), table(Card), table(Slice), table(PodBinding), table(NamespaceQuota)
+    )  # fmt: skip
+    card_node = f"{column(Card, 'node', 'c')} = {column(Node, 'id', 'n')}"
+    slice_card = f"{column(Slice, 'card', 's')} = {column(Card, 'id', 'c')}"
+    active = f"{column(Slice, 'active', 's')} = %s"
+    by_uid = f"{column(PodBinding, 'pod_uid', 'b')} = %s"
+    lock = rawsql.for_update()
+    return {
+        "nodes": f"SELECT {columns(Node, _NODE, 'n')} FROM {node} n",
+        "cards": f"SELECT {columns(Card, _CARD, 'c')} FROM {card} c",
+        "cards_of": (
+            f"SELECT {columns(Card, _CARD, 'c')} FROM {card} c JOIN {node} n ON {card_node}"
+        ),
+        "slices": f"SELECT {columns(Slice, _SLICE, 's')} FROM {slc} s WHERE {active}",
+        "slices_of": (
+            f"SELECT {columns(Slice, _SLICE, 's')} FROM {slc} s JOIN {card} c ON {slice_card} "
+            f"JOIN {node} n ON {card_node} WHERE {active}"
+        ),
+        "node_cards_and_slices": (
+            f"SELECT {columns(Card, _CARD, 'c')}, {columns(Slice, _SLICE, 's')}, "
+            f"(SELECT {column(PodBinding, 'id', 'b')} FROM {binding} b WHERE {by_uid}) "
+            f"FROM {card} c LEFT JOIN {slc} s ON {slice_card} AND {active} "
+            f"WHERE {column(Card, 'node', 'c')} = %s"
+        ),
+        "name_in": f"{column(Node, 'name', 'n')} IN ",
+        "lock_quota": (
+            f"SELECT {columns(NamespaceQuota, ('gpumem_mib', 'gpucores', 'gpus'), 'q')} "
+            f"FROM {quota} q WHERE {column(NamespaceQuota, 'namespace', 'q')} = %s{lock}"
+        ),
+        "lock_node": (
+            f"SELECT {columns(Node, _NODE, 'n')} FROM {node} n "
+            f"WHERE {column(Node, 'name', 'n')} = %s{lock}"
+        ),
+        "binding_id": f"SELECT {column(PodBinding, 'id', 'b')} FROM {binding} b WHERE {by_uid}",
+        "insert_binding": (
+            f"INSERT INTO {binding} ({columns(PodBinding, BINDING_INSERT)}) "
+            f"VALUES {rawsql.placeholders(len(BINDING_INSERT))}"
+        ),
+        "insert_slices": f"INSERT INTO {slc} ({columns(Slice, _SLICE_INSERT)}) VALUES ",
+        "changed_since": (
+            f"SELECT {column(Node, 'name', 'n')} FROM {node} n "
+            f"WHERE {column(Node, 'updated_at', 'n')} >= %s "
+            f"UNION SELECT {column(Node, 'name', 'n')} FROM {card} c JOIN {node} n ON {card_node} "
+            f"WHERE {column(Card, 'updated_at', 'c')} >= %s "
+            f"UNION SELECT {column(Node, 'name', 'n')} FROM {binding} b JOIN {node} n "
+            f"ON {column(PodBinding, 'node', 'b')} = {column(Node, 'id', 'n')} "
+            f"WHERE {column(PodBinding, 'updated_at', 'b')} >= %s"
+        ),
+        "counts": f"SELECT (SELECT COUNT(*) FROM {node}), (SELECT COUNT(*) FROM {card})",
+        "quotas": (
+            f"SELECT {columns(NamespaceQuota, ('namespace', 'gpumem_mib', 'gpucores', 'gpus'))} "
+            f"FROM {quota}"
+        ),
+        "upsert_decisions": (
+            f"INSERT INTO {table(SchedulingDecision)} ({columns(SchedulingDecision, DECISION)}) "
+            "VALUES {values} "
+            f"ON CONFLICT ({column(SchedulingDecision, 'pod_uid')}) DO UPDATE SET "
+            + ", ".join(
+                f"{column(SchedulingDecision, f)} = EXCLUDED.{column(SchedulingDecision, f)}"
+                for f in DECISION[1:]
+            )
+        ),
+        "confirm": (
+            f"UPDATE {binding} SET {column(PodBinding, 'phase')} = %s, "
+            f"{column(PodBinding, 'bound_at')} = %s, {column(PodBinding, 'deadline')} = NULL, "
+            f"{column(PodBinding, 'updated_at')} = %s "
+            f"WHERE {column(PodBinding, 'pod_uid')} = %s AND {column(PodBinding, 'phase')} = %s"
+        ),
+    }
+
+
+def _sql(name: str) -> str:
+    return _statements()[name]
+
+
+def _node(row: Sequence[Any]) -> NodeRow:
+    return NodeRow(row[0], row[1], bool(row[2]), bool(row[3]))
+
+
+def _card(row: Sequence[Any]) -> CardRow:
+    return CardRow(*row[:9], bool(row[9]), row[10], bool(row[11]), bool(row[12]))
+
+
+def _slice(row: Sequence[Any]) -> SliceRow:
+    return SliceRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5])
+
+
+# --- reads ---------------------------------------------------------------------------------------
+
+
+def nodes(names: Sequence[str] | None = None) -> list[NodeRow]:
+    """Nodes by name (all when `names` is None), one query."""
+    if names is None:
+        return [_node(r) for r in rawsql.fetch(_sql("nodes"), ())]
+    if not names:
+        return []
+    sql = f"{_sql('nodes')} WHERE {_sql('name_in')}{rawsql.placeholders(len(names))}"
+    return [_node(r) for r in rawsql.fetch(sql, list(names))]
+
+
+def cards(names: Sequence[str] | None = None) -> list[CardRow]:
+    """Cards of the named nodes (all when `names` is None), one query."""
+    if names is None:
+        return [_card(r) for r in rawsql.fetch(_sql("cards"), ())]
+    if not names:
+        return []
+    sql = f"{_sql('cards_of')} WHERE {_sql('name_in')}{rawsql.placeholders(len(names))}"
+    return [_card(r) for r in rawsql.fetch(sql, list(names))]
+
+
+def active_slices(names: Sequence[str] | None = None) -> list[SliceRow]:
+    """Active slices on the named nodes' cards (all when `names` is None), one query."""
+    if names is None:
+        return [_slice(r) for r in rawsql.fetch(_sql("slices"), (True,))]
+    if not names:
+        return []
+    sql = f"{_sql('slices_of')} AND {_sql('name_in')}{rawsql.placeholders(len(names))}"
+    return [_slice(r) for r in rawsql.fetch(sql, [True, *names])]
+
+
+def node_cards_and_slices(
+    node_id: int, pod_uid: str
+) -> tuple[list[CardRow], list[SliceRow], int | None]:
+    """One node's cards and their active slices, and the id of the pod's binding row if it has
+    one, in one query (bind, under the node lock: it must see a twin bind's reservation)."""
+    found: dict[int, CardRow] = {}
+    slices: list[SliceRow] = []
+    binding_id = None
+    width, end = len(_CARD), len(_CARD) + len(_SLICE)
+    for row in rawsql.fetch(_sql("node_cards_and_slices"), (pod_uid, True, node_id)):
+        if row[0] not in found:
+            found[row[0]] = _card(row[:width])
+        if row[width] is not None:
+            slices.append(_slice(row[width:end]))
+        binding_id = row[end]
+    if not found:  # a node without cards: no row to carry the binding's id
+        rows = rawsql.fetch(_sql("binding_id"), (pod_uid,))
+        binding_id = rows[0][0] if rows else None
+    return list(found.values()), slices, binding_id
+
+
+def nodes_changed_since(since: datetime) -> set[str]:
+    """Names of nodes whose node, card or binding rows changed at or after `since` (one query:
+    the snapshot cache's incremental refresh, several times a second)."""
+    stamp = connection.ops.adapt_datetimefield_value(since)
+    return {row[0] for row in rawsql.fetch(_sql("changed_since"), (stamp, stamp, stamp))}
+
+
+def ledger_counts() -> tuple[int, int]:
+    """(nodes, cards) in the ledger, one query."""
+    nodes_n, cards_n = rawsql.fetch(_sql("counts"), ())[0]
+    return int(nodes_n), int(cards_n)
+
+
+def quota_limits() -> dict[str, tuple[int | None, int | None, int | None]]:
+    """Every namespace quota: namespace -> (memory MiB, cores, gpus) limits, one query."""
+    return {row[0]: (row[1], row[2], row[3]) for row in rawsql.fetch(_sql("quotas"), ())}
+
+
+# --- bind's critical section (inside the caller's transaction) -----------------------------------
+
+
+def lock_quota(namespace: str) -> tuple[int | None, int | None, int | None] | None:
+    """Lock the namespace's quota row; its (memory MiB, cores, gpus) limits, None without one."""
+    rows = rawsql.fetch(_sql("lock_quota"), (namespace,))
+    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+
+def lock_node(name: str) -> NodeRow | None:
+    rows = rawsql.fetch(_sql("lock_node"), (name,))
+    return _node(rows[0]) if rows else None
+
+
+def insert_binding(values: dict[str, Any]) -> int:
+    """INSERT one binding row (`BINDING_INSERT` fields, Python values); its new id."""
+    params = [rawsql.db_value(PodBinding, f, values[f]) for f in BINDING_INSERT]
+    return rawsql.insert_returning_id(_sql("insert_binding"), params, column(PodBinding, "id"))
+
+
+def insert_slices(rows: Iterable[tuple[Any, ...]], now: datetime) -> None:
+    """INSERT active slices: (binding id, card id, container name, container index, init,
+    memory MiB, compute percent) each, in one statement."""
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    params: list[Any] = []
+    for row in rows:
+        params.extend((*row, True, stamp))
+    count = len(params) // len(_SLICE_INSERT)
+    if count:
+        values = ", ".join([rawsql.placeholders(len(_SLICE_INSERT))] * count)
+        rawsql.execute(_sql("insert_slices") + values, params)
+
+
+def confirm(pod_uid: str, now: datetime) -> int:
+    """reserved -> bound for the pod's binding; the number of rows changed (0 or 1)."""
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    phases = PodBinding.Phase
+    return rawsql.execute(
+        _sql("confirm"), (phases.BOUND.value, stamp, stamp, pod_uid, phases.RESERVED.value)
+    )
+
+
+def upsert_decisions(rows: Sequence[dict[str, Any]]) -> None:
+    """Insert or replace the decision-log rows (`DECISION` fields, Python values, one row per
+    pod UID) in one statement: the filter logs one per call."""
+    if not rows:
+        return
+    params = [rawsql.db_value(SchedulingDecision, f, row[f]) for row in rows for f in DECISION]
+    values = ", ".join([rawsql.placeholders(len(DECISION))] * len(rows))
+    rawsql.execute(_sql("upsert_decisions").replace("{values}", values), params)
