@@ -101,7 +101,7 @@ e2e-chart: venv
 	TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e
 
 bench-e2e: venv
-	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py
+	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py --database-url "$$TEST_POSTGRES_URL"
 
 services:
 	@scripts/services.sh up

@@ -34,6 +34,7 @@ from controlplane import rawsql
 from controlplane.extender.models import EmbeddedPod, EmbeddedPodEvent
 
 API_TIMEOUT_S = 5.0  # kube-scheduler gives the whole bind 5 s by default; stay inside it
+API_POOL_SIZE = 32  # connections kept to the API server (request threads + the reconciler)
 
 
 class KubeError(Exception):
@@ -124,6 +125,16 @@ def _timed() -> Iterator[None]:
 # --- the real API server -------------------------------------------------------------------------
 
 
+def _release(response: Any) -> None:
+    """Read a response's body we do not need, so its connection goes back to the pool (one
+    left unread keeps it, and the next call opens and TLS-handshakes a new one). The status was
+    2xx already: a connection dropping now changes nothing about what the server did."""
+    from urllib3.exceptions import HTTPError
+
+    with suppress(OSError, HTTPError):
+        _ = response.data if hasattr(response, "data") else response.read()
+
+
 class RealKube:
     """A real API server through the official client.
 
@@ -142,7 +153,12 @@ class RealKube:
             config.load_kube_config(config_file=kubeconfig or None)
         self.mode = mode
         self._client = client
-        self._api = client.CoreV1Api()
+        configuration = client.Configuration.get_default_copy()
+        # Keep a connection per thread that talks to the API server (the sidecar's 16 request
+        # threads, the reconciler): the default, 5 x CPUs, is 10 on a small node, and every
+        # request past the pool opens (and TLS-handshakes) a connection of its own.
+        configuration.connection_pool_maxsize = API_POOL_SIZE
+        self._api = client.CoreV1Api(client.ApiClient(configuration))
 
     @classmethod
     def with_api(cls, api: Any, mode: str = "test") -> RealKube:
@@ -173,22 +189,52 @@ class RealKube:
 
     @staticmethod
     def _json(response: Any) -> dict[str, Any]:
+        """The body as JSON. Reading it whole also hands the connection back to the pool: a
+        response left unread keeps its connection, and the next call opens a new one."""
         data = response.data if hasattr(response, "data") else response.read()
+        decoded = json.loads(data or b"{}")
+        return decoded if isinstance(decoded, dict) else {}
+
+    def _request(
+        self, method: str, path: str, params: dict[str, str], body: Any = None
+    ) -> dict[str, Any]:
+        """One call through the client's own serialisation, auth and connection pool, without
+        the generated per-endpoint layer (argument validation and model objects: most of the
+        client's CPU on bind's path). Raises the client's ApiException for a non-2xx answer."""
+        from kubernetes.client.rest import ApiException
+
+        api_client = self._api.api_client
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            path_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = api_client.call_api(*request, _request_timeout=API_TIMEOUT_S)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response, body=data.decode("utf-8", "replace"))
         decoded = json.loads(data or b"{}")
         return decoded if isinstance(decoded, dict) else {}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with _timed():
             try:
-                response = self._api.read_namespaced_pod(
-                    name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                return self._request(
+                    "GET",
+                    "/api/v1/namespaces/{namespace}/pods/{name}",
+                    {"namespace": namespace, "name": name},
                 )
             except Exception as exc:  # translated: callers handle KubeError only
                 error = self._error(exc, f"get pod {namespace}/{name}")
                 if error.not_found:
                     return None
                 raise error from exc
-            return self._json(response)
 
     def list_pods(
         self, namespace: str | None = None, *, node_name: str | None = None
@@ -222,9 +268,10 @@ class RealKube:
     def delete_pod(self, namespace: str, name: str) -> bool:
         with _timed():
             try:
-                self._api.delete_namespaced_pod(
+                response = self._api.delete_namespaced_pod(
                     name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
                 )
+                _release(response)
             except Exception as exc:  # translated
                 error = self._error(exc, f"delete pod {namespace}/{name}")
                 if error.not_found:
@@ -235,19 +282,26 @@ class RealKube:
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
     ) -> None:
-        c = self._client
-        body = c.V1Binding(
-            api_version="v1",
-            kind="Binding",
-            metadata=c.V1ObjectMeta(
-                name=name, namespace=namespace, uid=uid, annotations=dict(annotations)
-            ),
-            target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "annotations": dict(annotations),
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         with _timed():
             try:
-                self._api.create_namespaced_pod_binding(
-                    name, namespace, body, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                # The answer is a Status (201), which the generated client would fail to read
+                # as a V1Binding after the bind happened; read raw, it is simply a success.
+                self._request(
+                    "POST",
+                    "/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                    {"namespace": namespace, "name": name},
+                    body,
                 )
             except Exception as exc:  # translated
                 raise self._error(exc, f"bind pod {namespace}/{name} to {node}") from exc

@@ -312,8 +312,12 @@ class Options:
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports (default: free ones)
     binaries: dict[str, Path] = field(default_factory=dict)  # override a binary's path
     extender: str = "tessera"  # tessera | none | a URL prefix (e.g. the benchmark's no-op one)
-    gunicorn_workers: int = 2
-    gunicorn_threads: int = 4
+    # The extender's listener runs as the scheduler's sidecar does (deploy/scheduler/): one
+    # worker (its snapshot cache sees its own binds at once), threads for parallel binds.
+    extender_threads: int = 16
+    # The webhook listener: the API server calls it for every pod create, in parallel.
+    webhook_workers: int = 2
+    webhook_threads: int = 4
     access_log: bool = True
     controlplane_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 90.0
@@ -756,9 +760,9 @@ class Cluster:
                 "--bind",
                 f"127.0.0.1:{self.ports['controlplane']}",
                 "--workers",
-                str(self.options.gunicorn_workers),
+                "1",
                 "--threads",
-                str(self.options.gunicorn_threads),
+                str(self.options.extender_threads),
             ],
             port_names=("controlplane",),
             env=env,
@@ -776,9 +780,9 @@ class Cluster:
                 "--keyfile",
                 str(self.pki / "webhook.key"),
                 "--workers",
-                str(self.options.gunicorn_workers),
+                str(self.options.webhook_workers),
                 "--threads",
-                str(self.options.gunicorn_threads),
+                str(self.options.webhook_threads),
             ],
             port_names=("webhook",),
             env=env,

@@ -51,6 +51,12 @@ EXTENDER_LATENCY = Histogram(
     ["verb"],  # filter | prioritize | bind
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+BIND_APISERVER = Histogram(
+    "tessera_extender_bind_apiserver_seconds",
+    "The API server's share of a bind (reading the pod, the Binding): a slow API server shows "
+    "here, not in Tessera's own time.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 BIND_OUTCOMES = Counter(
     "tessera_bind_outcomes",
     "Results of the extender's bind, by outcome (e.g. bound, conflict, refused, error).",

@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,47 @@ from controlplane.scheduling import (
 )
 
 log = logging.getLogger(__name__)
+
+
+# --- the pods filter saw ------------------------------------------------------------------------
+
+
+class RecentRequests:
+    """The parsed GPU request of the pods filter saw lately, by pod UID (bounded, per process).
+
+    kube-scheduler sends the whole pod to filter; bind gets only its name, namespace and UID.
+    Remembering the request saves bind reading the pod back from the API server: one API call
+    of two, on the path that holds a request thread while the API server works. A pod's
+    resource requests cannot change while it is unscheduled, and a pod replaced under the same
+    name has a new UID (the Binding's UID precondition refuses the old one), so the entry is
+    as good as a fresh read. A pod filter did not see (another replica's, a restart) is read.
+    """
+
+    def __init__(self, size: int = 8192) -> None:
+        self._size = size
+        self._items: OrderedDict[str, PodRequest | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, uid: str, request: PodRequest | None) -> None:
+        with self._lock:
+            self._items[uid] = request
+            self._items.move_to_end(uid)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def recall(self, uid: str) -> tuple[bool, PodRequest | None]:
+        """(known, request): request None for a known pod that asks for no managed resource."""
+        with self._lock:
+            if uid not in self._items:
+                return False, None
+            return True, self._items[uid]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+recent_requests = RecentRequests()
 
 
 # --- filter --------------------------------------------------------------------------------------
@@ -103,6 +145,9 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
             )
         )  # fmt: skip
         return answer
+    meta = args.pod.get("metadata") if isinstance(args.pod.get("metadata"), dict) else {}
+    if meta.get("uid"):
+        recent_requests.remember(str(meta["uid"]), request)
     if request is None:
         return FilterAnswer(list(args.node_names), managed=False)
 
@@ -265,13 +310,9 @@ def _earlier_answer(args: BindingArgs) -> BindAnswer | None:
     return None
 
 
-def run_bind(args: BindingArgs) -> BindAnswer:
-    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason.
-
-    The common case costs the pod read, one ledger transaction, the Binding and one UPDATE; a
-    repeated bind is recognised inside the reservation (or, for a pod that is gone, here).
-    """
-    kube = kube_adapter.get_kube()
+def _read_request(kube: kube_adapter.Kube, args: BindingArgs) -> PodRequest | BindAnswer | None:
+    """The pod's request read from the API server (a pod filter did not see here); an earlier
+    answer for a pod that went after we bound it. Raises BindFailed."""
     try:
         pod = kube.get_pod(args.namespace, args.pod_name)
     except kube_adapter.KubeError as exc:
@@ -292,9 +333,36 @@ def run_bind(args: BindingArgs) -> BindAnswer:
             "invalid",
         )
     try:
-        request = parse_pod(pod, selectors.scheduling_config())
+        return parse_pod(pod, selectors.scheduling_config())
     except RequestError as exc:
         raise BindFailed(f"the pod's GPU request is invalid: {exc}", "invalid") from None
+
+
+def run_bind(args: BindingArgs) -> BindAnswer:
+    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason.
+
+    The common case costs one ledger transaction, the Binding and one UPDATE: the pod's request
+    comes from its filter (`RecentRequests`); a pod filter did not see is read from the API
+    server. A repeated bind is recognised inside the reservation (or, for a pod that is gone,
+    when it is read).
+    """
+    kube = kube_adapter.get_kube()
+    request: PodRequest | BindAnswer | None
+    known, request = recent_requests.recall(args.pod_uid)
+    if (
+        known
+        and request is not None
+        and (request.namespace, request.name)
+        != (
+            args.namespace,
+            args.pod_name,
+        )
+    ):
+        known = False  # not the pod this UID was filtered as: read it
+    if not known:
+        request = _read_request(kube, args)
+    if isinstance(request, BindAnswer):
+        return request
 
     if request is None:  # not ours: a plain Binding, nothing in the ledger
         error = _call_binding(kube, args, {})

@@ -33,9 +33,9 @@ from controlplane.scheduling import RequestError
 log = logging.getLogger(__name__)
 
 try:  # the dashboard's metrics (issue 8); without them the extender just does not count
-    from controlplane.dashboard.metrics import BIND_OUTCOMES, EXTENDER_LATENCY
+    from controlplane.dashboard.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
 except ImportError:  # pragma: no cover - depends on the other issue having landed
-    BIND_OUTCOMES = EXTENDER_LATENCY = None  # type: ignore[assignment]
+    BIND_APISERVER = BIND_OUTCOMES = EXTENDER_LATENCY = None  # type: ignore[assignment]
 
 APISERVER_HEADER = "X-Tessera-Apiserver-Ms"
 
@@ -158,8 +158,9 @@ def bind_view(request: HttpRequest) -> HttpResponse:
         error = str(exc)
     except scheduler.BindFailed as exc:
         outcome, error = exc.outcome, exc.message
-    if BIND_OUTCOMES is not None:
+    if BIND_OUTCOMES is not None and BIND_APISERVER is not None:
         BIND_OUTCOMES.labels(outcome=outcome).inc()
+        BIND_APISERVER.observe(kube_adapter.api_ms() / 1000.0)
     return _json({"Error": error}, headers={APISERVER_HEADER: f"{kube_adapter.api_ms():.3f}"})
 
 

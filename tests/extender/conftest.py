@@ -17,6 +17,7 @@ import pytest
 from django.test import Client
 
 from controlplane import kube
+from controlplane.extender.scheduler import recent_requests
 from controlplane.extender.snapshots import snapshot_cache
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,6 +36,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.bind_calls: list[tuple[str, str, str, str, dict[str, str]]] = []
+        self.get_calls = 0
         self.fail_bind: Callable[[], None] | None = None
         self.fail_get: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -45,6 +47,7 @@ class FakeKube:
         return pod
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.get_calls += 1
         if self.fail_get is not None:
             self.fail_get()
         pod = self.pods.get((namespace, name))
@@ -93,8 +96,9 @@ def fake_kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
 
 @pytest.fixture(autouse=True)
 def _fresh_snapshot_cache() -> None:
-    # The cache is per process; a test's rows are rolled back after it, so start clean.
+    # The caches are per process; a test's rows are rolled back after it, so start clean.
     snapshot_cache.clear()
+    recent_requests.clear()
 
 
 def post(client: Client, path: str, body: Any, **extra: Any):

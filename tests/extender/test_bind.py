@@ -13,7 +13,7 @@ from controlplane.extender import signing
 from controlplane.extender.selectors import expired_reservations
 from controlplane.ledger.models import PodBinding, SchedulingDecision, Slice
 from tests.builders import make_node
-from tests.extender.builders import bind_args, gpu_pod, plain_pod
+from tests.extender.builders import bind_args, filter_args, gpu_pod, plain_pod
 from tests.extender.conftest import fixture_pod, post
 
 pytestmark = pytest.mark.django_db
@@ -259,3 +259,31 @@ def test_bind_and_filter_are_counted_in_the_dashboard_metrics(client, fake_kube)
     assert count("tessera_bind_outcomes_total", {"outcome": "bound"}) == bound + 1
     assert count("tessera_bind_outcomes_total", {"outcome": "already_bound"}) == again + 1
     assert count("tessera_extender_request_seconds_count", {"verb": "filter"}) == filters + 1
+
+
+def test_after_filter_bind_does_not_read_the_pod_back(client, fake_kube) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod("seen", mem=4000))
+    plain = fake_kube.add(plain_pod("web"))
+    for p in (pod, plain):
+        assert post(client, "/scheduler/filter", filter_args(p, ["n1"])).status_code == 200
+    assert bind(client, pod, "n1").json() == {"Error": ""}
+    assert bind(client, plain, "n1").json() == {"Error": ""}
+    assert fake_kube.get_calls == 0  # the requests came from filter
+    [slice_] = Slice.objects.filter(active=True)
+    assert slice_.memory_mib == 4000 and slice_.binding.phase == PodBinding.Phase.BOUND
+    assert [c[1] for c in fake_kube.bind_calls] == ["seen", "web"]
+    assert PodBinding.objects.count() == 1  # the plain pod has no ledger row
+
+
+def test_a_pod_replaced_after_filter_is_refused_by_the_uid_precondition(client, fake_kube) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod("p", mem=4000))
+    assert post(client, "/scheduler/filter", filter_args(pod, ["n1"])).status_code == 200
+    replaced = gpu_pod("p", mem=4000)
+    replaced["metadata"]["uid"] = "uid-of-the-new-pod"
+    fake_kube.add(replaced)  # deleted and created again under the same name
+    error = bind(client, pod, "n1").json()["Error"]
+    assert "refused the Binding" in error and "Precondition" in error
+    assert not Slice.objects.filter(active=True).exists()  # the reservation was undone
+    assert PodBinding.objects.get().phase == PodBinding.Phase.FAILED

@@ -74,6 +74,37 @@ def api_server():
     server.shutdown()
 
 
+class KeepAliveApiServer(FakeApiServer):
+    """HTTP/1.1 keep-alive, as kube-apiserver; counts the connections clients open."""
+
+    protocol_version = "HTTP/1.1"
+    connections = 0
+
+    def setup(self) -> None:
+        type(self).connections += 1
+        super().setup()
+
+
+def test_reads_and_binds_reuse_one_connection_to_the_api_server() -> None:
+    """A response left unread keeps its connection: every bind then paid a new connection (a
+    TLS handshake against a real API server)."""
+    FakeApiServer.requests, FakeApiServer.binding_status = [], 201
+    KeepAliveApiServer.connections = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = k8s.Configuration()
+        config.host = f"http://127.0.0.1:{server.server_address[1]}"
+        api = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        for i in range(5):
+            assert api.get_pod("default", "p") is not None
+            api.bind_pod("default", "p", f"uid-{i}", "n1", {})
+        assert len(FakeApiServer.requests) == 10
+        assert KeepAliveApiServer.connections == 1
+    finally:
+        server.shutdown()
+
+
 def test_real_client_binding_answered_with_a_status_is_a_success(api_server) -> None:
     kube.reset_api_ms()
     api_server.bind_pod("default", "p", "uid-1", "n1", {"tessera.io/allocation": "{}"})
