@@ -10,6 +10,7 @@ Environment variables (all optional):
   TESSERA_DEBUG          1/0                                 (default: 0)
   TESSERA_ALLOWED_HOSTS  comma list                          (default: 127.0.0.1,localhost,[::1])
   DATABASE_URL           e.g. postgres://user:pw@host:5432/db (default: sqlite:///.local/tessera.sqlite3)
+  TESSERA_DB_SERVER_SIDE_BINDING  PostgreSQL: 1 (default) prepared statements; 0: old PgBouncer
   REDIS_URL              Celery broker / locks               (default: redis://127.0.0.1:6379/0)
   TESSERA_KUBE_MODE      auto | kubeconfig | incluster | embedded   (default: auto)
   KUBECONFIG             kubeconfig path for mode kubeconfig (auto picks it when it exists)
@@ -162,6 +163,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Parameters bound by the server (not interpolated into the SQL text by psycopg), so the
+    # statements bind runs for every pod are prepared once per connection and then only
+    # executed. Off for a pooler that cannot keep prepared statements (PgBouncer < 1.21 in
+    # transaction mode): TESSERA_DB_SERVER_SIDE_BINDING=0.
+    DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = env_bool(
+        "TESSERA_DB_SERVER_SIDE_BINDING", True
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
