@@ -101,6 +101,18 @@ def render(*values: str, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     return [dict(d) for d in _render(tuple(values), sets)]
 
 
+def container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str, Any]:
+    """Container `name` of the rendered Deployment whose component label is `component` (the
+    same dict as in `docs`, so a test may change its env in a copy of the documents)."""
+    for doc in docs:
+        labels = doc["metadata"].get("labels") or {}
+        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
+            for item in doc["spec"]["template"]["spec"]["containers"]:
+                if item["name"] == name:
+                    return dict(item)
+    raise AssertionError(f"the rendered chart has no {component} container {name}")
+
+
 # --- a real kube-apiserver (e2e) ---------------------------------------------------------------
 
 

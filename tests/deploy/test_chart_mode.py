@@ -15,7 +15,7 @@ import yaml
 
 from controlplane.scheduling import ResourceNames
 from e2e.chart import OVERRIDDEN, ChartConfig, ChartError
-from tests.deploy.chart import VALUES_FILES, render
+from tests.deploy.chart import VALUES_FILES, container, render
 
 ALL_SETS = [(), *[(name,) for name in VALUES_FILES]]
 pytestmark = pytest.mark.usefixtures("helm")
@@ -23,16 +23,6 @@ pytestmark = pytest.mark.usefixtures("helm")
 
 def _read(docs: list[dict[str, Any]]) -> ChartConfig:
     return ChartConfig.from_manifests(docs, source="test")
-
-
-def _container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str, Any]:
-    for doc in docs:
-        labels = doc["metadata"].get("labels") or {}
-        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                if container["name"] == name:
-                    return dict(container)
-    raise AssertionError(f"no {component} container {name}")
 
 
 @pytest.mark.parametrize("values", ALL_SETS, ids=lambda v: v[0] if v else "defaults")
@@ -46,7 +36,7 @@ def test_every_values_set_gives_the_harness_a_configuration(values: tuple[str, .
         config.containers
     )
     # Every plain setting of the app container reaches the harness, unless overridden.
-    app = _container(docs, "controlplane", "app")
+    app = container(docs, "controlplane", "app")
     for item in app["env"]:
         if item["name"] not in OVERRIDDEN:
             assert config.env[item["name"]] == item["value"]
@@ -106,10 +96,10 @@ def test_a_node_plugin_advertising_another_name_is_refused() -> None:
 
 def test_containers_that_disagree_on_a_setting_are_refused() -> None:
     docs = copy.deepcopy(render())
-    _container(docs, "worker", "worker")["env"].append(
+    container(docs, "worker", "worker")["env"].append(
         {"name": "TESSERA_DEFAULT_SLOTS", "value": "4"}
     )
-    _container(docs, "controlplane", "app")["env"].append(
+    container(docs, "controlplane", "app")["env"].append(
         {"name": "TESSERA_DEFAULT_SLOTS", "value": "8"}
     )
     with pytest.raises(ChartError, match=r"TESSERA_DEFAULT_SLOTS is '8'.* but '4'"):
@@ -119,7 +109,7 @@ def test_containers_that_disagree_on_a_setting_are_refused() -> None:
 def test_a_secret_reference_the_harness_does_not_know_is_refused() -> None:
     docs = copy.deepcopy(render())
     ref = {"secretKeyRef": {"name": "vault", "key": "token"}}
-    _container(docs, "controlplane", "app")["env"].append(
+    container(docs, "controlplane", "app")["env"].append(
         {"name": "TESSERA_SOMETHING", "valueFrom": ref}
     )
     with pytest.raises(ChartError, match=r"env TESSERA_SOMETHING comes from .*OVERRIDDEN"):
@@ -128,7 +118,7 @@ def test_a_secret_reference_the_harness_does_not_know_is_refused() -> None:
 
 def test_references_are_expanded_like_the_kubelet_does() -> None:
     docs = copy.deepcopy(render())
-    env = _container(docs, "controlplane", "app")["env"]
+    env = container(docs, "controlplane", "app")["env"]
     env += [
         {"name": "TESSERA_LOG_LEVEL", "value": "debug"},
         {"name": "TESSERA_E2E_ECHO", "value": "$(TESSERA_LOG_LEVEL)/$(UNSET)"},

@@ -28,6 +28,7 @@ from controlplane.scheduling import ResourceNames
 from e2e import objects
 from e2e.chart import OVERRIDDEN, ChartConfig
 from e2e.cluster import WEBHOOK_SKIP_LABEL, Cluster
+from tests.deploy.chart import container
 from tests.e2e.conftest import chart_values, needs_extender
 
 ALLOCATION = "tessera.io/allocation"
@@ -47,16 +48,6 @@ def rendered(chart: ChartConfig | None) -> list[dict[str, Any]]:
     return render(*chart_values())
 
 
-def _container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str, Any]:
-    for doc in docs:
-        labels = doc["metadata"].get("labels") or {}
-        if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                if container["name"] == name:
-                    return dict(container)
-    raise AssertionError(f"the rendered chart has no {component} container {name}")
-
-
 def _plain_env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
 
@@ -70,8 +61,8 @@ def _running_env(cluster: Cluster, component: str) -> dict[str, str]:
 def test_the_running_control_plane_has_the_charts_settings(
     cluster: Cluster, rendered: list[dict[str, Any]]
 ) -> None:
-    app = _plain_env(_container(rendered, "controlplane", "app"))
-    sidecar = _plain_env(_container(rendered, "scheduler", "extender"))
+    app = _plain_env(container(rendered, "controlplane", "app"))
+    sidecar = _plain_env(container(rendered, "scheduler", "extender"))
     assert app["TESSERA_ENV"] == "production"  # so the chart's own mode is what runs
     started = cluster.state["components"]
     components = [c for c in ("controlplane", "webhook", "celery") if c in started]
