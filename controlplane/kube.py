@@ -125,23 +125,15 @@ def _timed() -> Iterator[None]:
 # --- the real API server -------------------------------------------------------------------------
 
 
-def _release(response: Any) -> None:
-    """Read a response's body we do not need, so its connection goes back to the pool (one
-    left unread keeps it, and the next call opens and TLS-handshakes a new one). The status was
-    2xx already: a connection dropping now changes nothing about what the server did."""
-    from urllib3.exceptions import HTTPError
-
-    with suppress(OSError, HTTPError):
-        _ = response.data if hasattr(response, "data") else response.read()
-
-
 class RealKube:
     """A real API server through the official client.
 
-    Reads use `_preload_content=False` and decode the JSON themselves: the pod is wanted as the
-    API server serves it. The Binding POST must too: the server answers 201 with a `Status`,
-    which the generated client fails to deserialize as a `V1Binding` (a validation error about
-    `target`) after the bind has already happened.
+    Everything reads the raw JSON: the pod is wanted as the API server serves it, and the
+    Binding POST is answered with a 201 `Status`, which the generated client fails to
+    deserialize as a `V1Binding` (a validation error about `target`) after the bind happened.
+    Bind's calls and delete go through `_request` (the client's auth, serialisation and pool,
+    without its per-endpoint layer); every body is read, so each connection goes back to the
+    pool.
     """
 
     def __init__(self, mode: str, kubeconfig: str = "") -> None:
@@ -152,7 +144,6 @@ class RealKube:
         else:
             config.load_kube_config(config_file=kubeconfig or None)
         self.mode = mode
-        self._client = client
         configuration = client.Configuration.get_default_copy()
         # Keep a connection per thread that talks to the API server (the sidecar's 16 request
         # threads, the reconciler): the default, 5 x CPUs, is 10 on a small node, and every
@@ -163,10 +154,8 @@ class RealKube:
     @classmethod
     def with_api(cls, api: Any, mode: str = "test") -> RealKube:
         """Wrap an existing CoreV1Api (tests point one at a local HTTP server)."""
-        from kubernetes import client
-
         self = cls.__new__(cls)
-        self.mode, self._client, self._api = mode, client, api
+        self.mode, self._api = mode, api
         return self
 
     def _error(self, exc: Exception, doing: str) -> KubeError:
@@ -268,10 +257,11 @@ class RealKube:
     def delete_pod(self, namespace: str, name: str) -> bool:
         with _timed():
             try:
-                response = self._api.delete_namespaced_pod(
-                    name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                self._request(
+                    "DELETE",
+                    "/api/v1/namespaces/{namespace}/pods/{name}",
+                    {"namespace": namespace, "name": name},
                 )
-                _release(response)
             except Exception as exc:  # translated
                 error = self._error(exc, f"delete pod {namespace}/{name}")
                 if error.not_found:

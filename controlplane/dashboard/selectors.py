@@ -30,7 +30,13 @@ from controlplane.ledger.models import (
     SchedulingDecision,
     Slice,
 )
-from controlplane.scheduling import SliceClaim, claims_per_card
+from controlplane.scheduling import (
+    LedgerSlice,
+    SliceClaim,
+    card_claims,
+    claims_per_card,
+    pod_claims,
+)
 
 PAGE_SIZE = 50
 CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
@@ -58,7 +64,7 @@ class Usage:
 
 
 # (binding_id, card_id, container_index, init_container, memory_mib, compute_percent)
-SliceRow = tuple[int, int, int, bool, int, int]
+SliceRow = LedgerSlice
 SLICE_ROW_FIELDS = (
     "binding_id",
     "card_id",
@@ -70,41 +76,22 @@ SLICE_ROW_FIELDS = (
 
 
 def binding_card_claims(rows: Iterable[SliceRow]) -> Iterable[tuple[int, int, Usage]]:
-    """(binding_id, card_id, claim) for every pod and card, by the core's init-container rule.
-
-    Pods without init slices (nearly all) take the fast path: their claim on a card is the plain
-    sum of their slices there, which is exactly what `claims_per_card` returns for them. Pods
-    with an init slice go through the core's function itself.
-    """
-    rows = list(rows)
-    with_init = {r[0] for r in rows if r[3]}
-    plain: dict[tuple[int, int], Usage] = {}
-    folded: dict[int, list[SliceClaim]] = defaultdict(list)
-    for binding_id, card_id, index, init, memory, cores in rows:
-        if binding_id in with_init:
-            folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores))
-            continue
-        usage = plain.get((binding_id, card_id))
-        if usage is None:
-            usage = plain[(binding_id, card_id)] = Usage()
-        usage.add(memory, cores, 1, cores >= 100)
-    for (binding_id, card_id), usage in plain.items():
-        yield binding_id, card_id, usage
-    for binding_id, claims in folded.items():
-        for card_key, claim in claims_per_card(claims).items():
-            yield (
-                binding_id,
-                int(card_key),
-                Usage(claim.memory_mib, claim.cores, claim.slots, claim.exclusive),
-            )
+    """(binding_id, card_id, claim) for every pod and card, by the core's init-container rule
+    (`pod_claims`: pods without init slices, nearly all, are simply summed)."""
+    for binding_id, card_id, claim in pod_claims(rows):
+        yield (
+            binding_id,
+            card_id,
+            Usage(claim.memory_mib, claim.cores, claim.slots, claim.exclusive),
+        )
 
 
 def usage_per_card(rows: Iterable[SliceRow]) -> dict[int, Usage]:
     """Per card id, the sum over pods of each pod's claim there."""
-    totals: dict[int, Usage] = defaultdict(Usage)
-    for _, card_id, claim in binding_card_claims(rows):
-        totals[card_id].add(claim.memory_mib, claim.cores, claim.slots, claim.exclusive)
-    return totals
+    return {
+        card_id: Usage(c.memory_mib, c.cores, c.slots, c.exclusive)
+        for card_id, c in card_claims(rows).items()
+    }
 
 
 def plain_rows(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:

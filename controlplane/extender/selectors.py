@@ -36,10 +36,7 @@ def ledger_counts() -> tuple[int, int]:
 
 def all_quota_limits() -> dict[str, QuotaLimits]:
     """Every namespace quota (one query)."""
-    return {
-        namespace: QuotaLimits(memory_mib=memory, cores=cores, gpus=gpus)
-        for namespace, (memory, cores, gpus) in ledger_sql.quota_limits().items()
-    }
+    return ledger_sql.quota_limits()
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,8 @@ from controlplane.scheduling import (
     QuotaUsage,
     ResourceNames,
     SchedulingConfig,
-    SliceClaim,
     Snapshot,
-    claims_per_card,
+    card_claims,
     usage_of,
 )
 
@@ -54,41 +53,6 @@ def _active_slice_rows(slices: QuerySet[Slice]) -> list[sql.SliceRow]:
         "compute_percent",
     )
     return [sql.SliceRow(*row) for row in rows]
-
-
-def _card_claims(rows: Iterable[sql.SliceRow]) -> dict[int, CardClaim]:
-    """Per card id, the sum over pods of each pod's peak claim on that card.
-
-    A pod without init-container slices claims exactly the sum of its slices on each card, so
-    those rows are added up directly; only pods with init slices go through the core's fold
-    (`claims_per_card`). Same numbers, a fraction of the work on a node holding 80 pods.
-    """
-    rows = list(rows)
-    with_init = {r.binding_id for r in rows if r.init}
-    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    by_binding: dict[int, list[SliceClaim]] = defaultdict(list)
-    for r in rows:
-        if r.binding_id in with_init:
-            by_binding[r.binding_id].append(
-                SliceClaim(str(r.card_id), r.container_index, r.init, r.memory_mib, r.cores)
-            )
-            continue
-        t = totals[r.card_id]
-        t[0] += r.memory_mib
-        t[1] += r.cores
-        t[2] += 1
-        t[3] += r.cores >= 100
-    for claims in by_binding.values():
-        for card_key, claim in claims_per_card(claims).items():
-            t = totals[int(card_key)]
-            t[0] += claim.memory_mib
-            t[1] += claim.cores
-            t[2] += claim.slots
-            t[3] += int(claim.exclusive)
-    return {
-        card_id: CardClaim(memory_mib=t[0], cores=t[1], slots=t[2], exclusive=bool(t[3]))
-        for card_id, t in totals.items()
-    }
 
 
 def _card_state(card: sql.CardRow | Card, claim: CardClaim | None) -> CardState:
@@ -137,7 +101,7 @@ def _build_snapshot(
     cards: Sequence[sql.CardRow | Card],
     rows: Iterable[sql.SliceRow],
 ) -> Snapshot:
-    claims = _card_claims(rows)
+    claims = card_claims(rows)
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
         cards_by_node[card.node_id].append(_card_state(card, claims.get(card.pk)))
@@ -171,12 +135,5 @@ def namespace_usage(namespace: str) -> QuotaUsage:
             binding__namespace=namespace, binding__phase__in=PodBinding.ACTIVE_PHASES
         )
     )
-    by_binding: dict[int, list[SliceClaim]] = defaultdict(list)
-    for r in rows:
-        by_binding[r.binding_id].append(
-            SliceClaim(str(r.card_id), r.container_index, r.init, r.memory_mib, r.cores)
-        )
-    total = QuotaUsage()
-    for claims in by_binding.values():
-        total = total + usage_of(claims_per_card(claims))
-    return total
+    # Summed per card over the pods, each pod's init containers counted at their peak.
+    return usage_of(card_claims(rows))

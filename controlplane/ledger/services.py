@@ -23,7 +23,6 @@ from controlplane.scheduling import (
     Assignment,
     NodeFit,
     PodRequest,
-    QuotaLimits,
     Refusal,
     SliceClaim,
     check_quota,
@@ -283,7 +282,7 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         demand = usage_of(claims_per_card(_slice_claims(placed)))
         refusal = check_quota(
             request.namespace,
-            QuotaLimits(memory_mib=quota[0], cores=quota[1], gpus=quota[2]),
+            quota,
             selectors.namespace_usage(request.namespace),
             demand,
         )

@@ -9,9 +9,9 @@ Only the selectors and services of this app call these functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection
 
@@ -25,6 +25,9 @@ from controlplane.ledger.models import (
     Slice,
 )
 from controlplane.rawsql import column, columns, table
+from controlplane.scheduling import QuotaLimits
+
+R = TypeVar("R")
 
 
 class NodeRow(NamedTuple):
@@ -82,17 +85,20 @@ def _statements() -> dict[str, str]:
     slice_card = f"{column(Slice, 'card', 's')} = {column(Card, 'id', 'c')}"
     active = f"{column(Slice, 'active', 's')} = %s"
     by_uid = f"{column(PodBinding, 'pod_uid', 'b')} = %s"
+    named = f"{column(Node, 'name', 'n')} IN {{names}}"  # filled in by _read
     lock = rawsql.for_update()
     return {
         "nodes": f"SELECT {columns(Node, _NODE, 'n')} FROM {node} n",
+        "nodes_of": f"SELECT {columns(Node, _NODE, 'n')} FROM {node} n WHERE {named}",
         "cards": f"SELECT {columns(Card, _CARD, 'c')} FROM {card} c",
         "cards_of": (
-            f"SELECT {columns(Card, _CARD, 'c')} FROM {card} c JOIN {node} n ON {card_node}"
+            f"SELECT {columns(Card, _CARD, 'c')} FROM {card} c JOIN {node} n ON {card_node} "
+            f"WHERE {named}"
         ),
         "slices": f"SELECT {columns(Slice, _SLICE, 's')} FROM {slc} s WHERE {active}",
         "slices_of": (
             f"SELECT {columns(Slice, _SLICE, 's')} FROM {slc} s JOIN {card} c ON {slice_card} "
-            f"JOIN {node} n ON {card_node} WHERE {active}"
+            f"JOIN {node} n ON {card_node} WHERE {active} AND {named}"
         ),
         "node_cards_and_slices": (
             f"SELECT {columns(Card, _CARD, 'c')}, {columns(Slice, _SLICE, 's')}, "
@@ -100,7 +106,6 @@ def _statements() -> dict[str, str]:
             f"FROM {card} c LEFT JOIN {slc} s ON {slice_card} AND {active} "
             f"WHERE {column(Card, 'node', 'c')} = %s"
         ),
-        "name_in": f"{column(Node, 'name', 'n')} IN ",
         "lock_quota": (
             f"SELECT {columns(NamespaceQuota, ('gpumem_mib', 'gpucores', 'gpus'), 'q')} "
             f"FROM {quota} q WHERE {column(NamespaceQuota, 'namespace', 'q')} = %s{lock}"
@@ -166,34 +171,34 @@ def _slice(row: Sequence[Any]) -> SliceRow:
 # --- reads ---------------------------------------------------------------------------------------
 
 
-def nodes(names: Sequence[str] | None = None) -> list[NodeRow]:
-    """Nodes by name (all when `names` is None), one query."""
+def _read(
+    kind: str,
+    names: Sequence[str] | None,
+    row: Callable[[Sequence[Any]], R],
+    lead: tuple[Any, ...] = (),
+) -> list[R]:
+    """Rows of statement `kind` (all), or of `kind`_of for the named nodes; one query."""
     if names is None:
-        return [_node(r) for r in rawsql.fetch(_sql("nodes"), ())]
+        return [row(r) for r in rawsql.fetch(_sql(kind), lead)]
     if not names:
         return []
-    sql = f"{_sql('nodes')} WHERE {_sql('name_in')}{rawsql.placeholders(len(names))}"
-    return [_node(r) for r in rawsql.fetch(sql, list(names))]
+    sql = _sql(f"{kind}_of").replace("{names}", rawsql.placeholders(len(names)))
+    return [row(r) for r in rawsql.fetch(sql, [*lead, *names])]
+
+
+def nodes(names: Sequence[str] | None = None) -> list[NodeRow]:
+    """Nodes by name (all when `names` is None), one query."""
+    return _read("nodes", names, _node)
 
 
 def cards(names: Sequence[str] | None = None) -> list[CardRow]:
     """Cards of the named nodes (all when `names` is None), one query."""
-    if names is None:
-        return [_card(r) for r in rawsql.fetch(_sql("cards"), ())]
-    if not names:
-        return []
-    sql = f"{_sql('cards_of')} WHERE {_sql('name_in')}{rawsql.placeholders(len(names))}"
-    return [_card(r) for r in rawsql.fetch(sql, list(names))]
+    return _read("cards", names, _card)
 
 
 def active_slices(names: Sequence[str] | None = None) -> list[SliceRow]:
     """Active slices on the named nodes' cards (all when `names` is None), one query."""
-    if names is None:
-        return [_slice(r) for r in rawsql.fetch(_sql("slices"), (True,))]
-    if not names:
-        return []
-    sql = f"{_sql('slices_of')} AND {_sql('name_in')}{rawsql.placeholders(len(names))}"
-    return [_slice(r) for r in rawsql.fetch(sql, [True, *names])]
+    return _read("slices", names, _slice, (True,))
 
 
 def node_cards_and_slices(
@@ -230,18 +235,18 @@ def ledger_counts() -> tuple[int, int]:
     return int(nodes_n), int(cards_n)
 
 
-def quota_limits() -> dict[str, tuple[int | None, int | None, int | None]]:
-    """Every namespace quota: namespace -> (memory MiB, cores, gpus) limits, one query."""
-    return {row[0]: (row[1], row[2], row[3]) for row in rawsql.fetch(_sql("quotas"), ())}
+def quota_limits() -> dict[str, QuotaLimits]:
+    """Every namespace quota, one query."""
+    return {row[0]: QuotaLimits(*row[1:]) for row in rawsql.fetch(_sql("quotas"), ())}
 
 
 # --- bind's critical section (inside the caller's transaction) -----------------------------------
 
 
-def lock_quota(namespace: str) -> tuple[int | None, int | None, int | None] | None:
-    """Lock the namespace's quota row; its (memory MiB, cores, gpus) limits, None without one."""
+def lock_quota(namespace: str) -> QuotaLimits | None:
+    """Lock the namespace's quota row; its limits, None without one."""
     rows = rawsql.fetch(_sql("lock_quota"), (namespace,))
-    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+    return QuotaLimits(*rows[0]) if rows else None
 
 
 def lock_node(name: str) -> NodeRow | None:

@@ -5,7 +5,14 @@ Parse a pod's GPU ask (:func:`parse_pod`), test and score nodes (:func:`filter_n
 (:func:`check_quota`). Semantics: docs/scheduling.md.
 """
 
-from controlplane.scheduling.claims import CardClaim, SliceClaim, claims_per_card
+from controlplane.scheduling.claims import (
+    CardClaim,
+    LedgerSlice,
+    SliceClaim,
+    card_claims,
+    claims_per_card,
+    pod_claims,
+)
 from controlplane.scheduling.config import (
     BINPACK,
     POLICIES,
@@ -40,6 +47,7 @@ __all__ = [
     "CardClaim",
     "CardState",
     "ContainerRequest",
+    "LedgerSlice",
     "NodeFit",
     "NodeState",
     "PodRequest",
@@ -52,6 +60,7 @@ __all__ = [
     "SchedulingConfig",
     "SliceClaim",
     "Snapshot",
+    "card_claims",
     "check_quota",
     "claims_per_card",
     "explain",
@@ -60,6 +69,7 @@ __all__ = [
     "parse_pod",
     "parse_quantity",
     "place_on_node",
+    "pod_claims",
     "prioritize",
     "score_node",
     "usage_of",

@@ -9,7 +9,7 @@ rows through it, so the two never disagree on how much room a pod takes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -74,3 +74,59 @@ def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
             exclusive=card in exclusive,
         )
     return result
+
+
+# (pod, card, container index, init, memory MiB, cores): a slice as the ledger stores it, with
+# the pod's and the card's row ids.
+LedgerSlice = tuple[int, int, int, bool, int, int]
+
+
+def _tally(
+    rows: Iterable[LedgerSlice], per_pod: bool
+) -> tuple[dict[tuple[int, int], list[int]], dict[int, list[SliceClaim]]]:
+    """Sums [memory, cores, slots, exclusive slices] of the pods without init slices, keyed
+    (pod, card) or (0, card); the slices of the other pods, per pod, for `claims_per_card`.
+
+    A pod without init slices claims exactly the sum of its slices on each card (what
+    `claims_per_card` returns for it), so nearly every row is simply added up.
+    """
+    rows = list(rows)
+    with_init = {r[0] for r in rows if r[3]}
+    sums: dict[tuple[int, int], list[int]] = {}
+    folded: dict[int, list[SliceClaim]] = {}
+    for pod, card, index, init, memory, cores in rows:
+        if pod in with_init:
+            folded.setdefault(pod, []).append(SliceClaim(str(card), index, init, memory, cores))
+            continue
+        t = sums.get((pod if per_pod else 0, card))
+        if t is None:
+            t = sums[(pod if per_pod else 0, card)] = [0, 0, 0, 0]
+        t[0] += memory
+        t[1] += cores
+        t[2] += 1
+        t[3] += cores >= 100
+    return sums, folded
+
+
+def pod_claims(rows: Iterable[LedgerSlice]) -> Iterator[tuple[int, int, CardClaim]]:
+    """(pod, card, claim) for every pod and card of ledger slices, by `claims_per_card`'s rule."""
+    sums, folded = _tally(rows, per_pod=True)
+    for (pod, card), t in sums.items():
+        yield pod, card, CardClaim(t[0], t[1], t[2], bool(t[3]))
+    for pod, claims in folded.items():
+        for card_key, claim in claims_per_card(claims).items():
+            yield pod, int(card_key), claim
+
+
+def card_claims(rows: Iterable[LedgerSlice]) -> dict[int, CardClaim]:
+    """Per card, the sum over pods of each pod's claim there (what the card has given away)."""
+    sums, folded = _tally(rows, per_pod=False)
+    totals = {card: t for (_, card), t in sums.items()}
+    for claims in folded.values():
+        for card_key, claim in claims_per_card(claims).items():
+            t = totals.setdefault(int(card_key), [0, 0, 0, 0])
+            t[0] += claim.memory_mib
+            t[1] += claim.cores
+            t[2] += claim.slots
+            t[3] += claim.exclusive
+    return {card: CardClaim(t[0], t[1], t[2], bool(t[3])) for card, t in totals.items()}

@@ -36,7 +36,7 @@ class QuotaUsage:
         )
 
 
-def usage_of(claims: Mapping[str, CardClaim]) -> QuotaUsage:
+def usage_of(claims: Mapping[str, CardClaim] | Mapping[int, CardClaim]) -> QuotaUsage:
     """What one pod counts against its namespace: the sum of its per-card claims.
 
     Counting claims (not raw slices) charges init containers at their peak, the same room

@@ -53,6 +53,13 @@ class FakeApiServer(BaseHTTPRequestHandler):
                  "message": 'pods "p" is already assigned to node "n9"', "reason": "Conflict"},
             )  # fmt: skip
 
+    def do_DELETE(self) -> None:
+        self.requests.append(("DELETE", self.path, None))
+        if self.path == "/api/v1/namespaces/default/pods/p":
+            self._send(200, {"kind": "Status", "status": "Success", "code": 200})
+        else:
+            self._send(404, {"kind": "Status", "code": 404, "message": "pods not found"})
+
     def do_GET(self) -> None:
         self.requests.append(("GET", self.path, None))
         if self.path.startswith("/api/v1/namespaces/default/pods/p"):
@@ -205,3 +212,12 @@ def test_get_kube_follows_the_configured_mode(settings) -> None:
     settings.TESSERA = {**settings.TESSERA, "KUBE_MODE": "embedded"}
     assert isinstance(kube.get_kube(), kube.EmbeddedKube)
     assert kube.get_kube() is kube.get_kube()
+
+
+def test_real_client_delete_says_whether_the_pod_was_there(api_server) -> None:
+    assert api_server.delete_pod("default", "p") is True
+    assert api_server.delete_pod("default", "gone") is False
+    assert [r[:2] for r in FakeApiServer.requests] == [
+        ("DELETE", "/api/v1/namespaces/default/pods/p"),
+        ("DELETE", "/api/v1/namespaces/default/pods/gone"),
+    ]
