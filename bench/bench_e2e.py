@@ -148,6 +148,87 @@ def _follow(api: Api, path: str, bound: dict[str, float], stop: threading.Event)
                 bound[name] = time.monotonic()
 
 
+def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:
+    """pid -> (component, CPU seconds so far, user + system), for the harness's processes and
+    the machine (pid 0: every CPU's busy time, from /proc/stat).
+
+    Every component runs in a session of its own (the harness starts it with a new session), so
+    a process's session id names its component; this process (the benchmark's clients) is
+    `bench`, PostgreSQL server processes `postgresql`, anything else is left to `other`."""
+    sessions = {
+        int(info["pid"]): name for name, info in cluster.state.get("components", {}).items()
+    }
+    sessions[os.getsid(0)] = "bench"
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        name = sessions.get(int(fields[3]))  # field 6, session id
+        if name is None and stat[stat.index("(") + 1 : stat.rindex(")")] == "postgres":
+            name = "postgresql"  # the control plane's database server (and anyone else's)
+        if name:
+            used[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    with open("/proc/stat") as stat_file:  # the whole machine: user, nice, system, irq, softirq
+        cpu = stat_file.readline().split()
+    used[0] = ("machine", sum(int(cpu[i]) for i in (1, 2, 3, 6, 7)) / tick)
+    return used
+
+
+def cpu_spent(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds per component between two `cpu_by_process` readings, process by process
+    (a database connection closed meanwhile takes its earlier CPU with it, so component totals
+    cannot simply be subtracted); what the machine spent beyond them is `other`."""
+    spent: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        earlier = before.get(pid)
+        base = earlier[1] if earlier is not None and earlier[0] == name else 0.0
+        spent[name] = spent.get(name, 0.0) + max(0.0, seconds - base)
+    machine = spent.pop("machine", 0.0)
+    spent["other"] = max(0.0, machine - sum(spent.values()))
+    spent["machine"] = machine
+    return spent
+
+
+def scheduler_attempts(cluster: Cluster) -> str:
+    """kube-scheduler's own account of its scheduling cycles, from its /metrics: attempts by
+    result and their mean duration (the serial cycle: filter, extenders, score, reserve)."""
+    port = cluster.state["components"]["kube-scheduler"]["ports"]["kube-scheduler"]
+    try:
+        response = requests.get(
+            f"https://127.0.0.1:{port}/metrics",
+            cert=(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key")),
+            verify=False,  # noqa: S501 - the scheduler's self-signed serving certificate
+            timeout=30,
+        )
+        response.raise_for_status()
+    except requests.RequestException as exc:
+        return f"(no kube-scheduler metrics: {exc})"
+    counts: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for line in response.text.splitlines():
+        for prefix, into in (
+            ("scheduler_scheduling_attempt_duration_seconds_count{", counts),
+            ("scheduler_scheduling_attempt_duration_seconds_sum{", sums),
+        ):
+            if line.startswith(prefix) and 'result="' in line:
+                result = line.split('result="', 1)[1].split('"', 1)[0]
+                into[result] = into.get(result, 0.0) + float(line.rsplit(" ", 1)[1])
+    parts = [
+        f"{result} {int(n)} (mean {1000 * sums.get(result, 0) / n:.1f} ms)"
+        for result, n in sorted(counts.items())
+        if n
+    ]
+    return "kube-scheduler attempts: " + (", ".join(parts) or "none")
+
+
 def run_phase(
     key: str,
     label: str,
@@ -205,11 +286,15 @@ def run_phase(
     backlog = [f"b-{i:05d}" for i in range(pods)]
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(create, backlog))
+    cpu_before = cpu_by_process(cluster)
     start = time.monotonic()
     cluster.start_scheduler(extender=extender)
     wait_bound(backlog)
     done = [n for n in backlog if n in bound]
     last = max((bound[n] for n in done), default=start)
+    cpu_after = cpu_by_process(cluster)
+    backlog_wall = max(time.monotonic() - start, 1e-9)
+    attempts = scheduler_attempts(cluster)
 
     count, rate = paced
     stream = [f"s-{i:05d}" for i in range(count)]
@@ -236,6 +321,17 @@ def run_phase(
         f"{label:32} {len(done):5d}/{pods} bound at {result.pods_per_s:7.1f} pods/s   "
         f"{len(latencies):4d}/{count} at {rate:g}/s: p50 {result.p50_ms:7.0f} ms, "
         f"p99 {result.p99_ms:7.0f} ms",
+        flush=True,
+    )
+    # Where the backlog's CPU went (the machine's cores are shared by every component).
+    spent = cpu_spent(cpu_before, cpu_after)
+    machine = spent.pop("machine")
+    spent = {name: seconds for name, seconds in spent.items() if seconds >= 0.05}
+    print(f"  {attempts}", flush=True)
+    print(
+        f"  CPU over the backlog ({backlog_wall:.1f} s wall, {os.cpu_count()} CPUs, "
+        f"{machine:.1f} s used): "
+        + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(spent.items(), key=lambda kv: -kv[1])),
         flush=True,
     )
     return result
