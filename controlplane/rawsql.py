@@ -55,6 +55,45 @@ def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
+def fetch_in_order(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+    """Run several statements one after another; the rows of each (none for a write without
+    RETURNING).
+
+    On PostgreSQL they travel in one round trip (a libpq pipeline): the server still runs them
+    in order, each on a snapshot taken when it starts, so a row lock taken by one statement is
+    held, and what committed before it was granted is seen, by the next. An error in any of them
+    is raised once all were answered, as Django's exception (`IntegrityError`, ...). On other
+    databases (and a libpq without pipelines) they run as separate queries.
+    """
+    if connection.vendor != "postgresql" or not _pipelines_supported():
+        return [_rows(connection.cursor(), sql, params) for sql, params in statements]
+    connection.ensure_connection()
+    cursors = []
+    try:
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            for sql, params in statements:
+                cursor = connection.cursor()
+                cursors.append(cursor)
+                cursor.execute(sql, params)
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
+@functools.cache
+def _pipelines_supported() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
+def _rows(cursor: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
 def execute(sql: str, params: Sequence[Any]) -> int:
     """Run a write; the number of rows it changed."""
     with connection.cursor() as cursor:

@@ -243,18 +243,17 @@ def _same_node_or_conflict(existing: PodBinding, node_name: str) -> PodBinding:
 def _reserve(request: PodRequest, node_name: str) -> PodBinding:
     # The hot path in hand-written SQL (ledger/sql.py says why); rare branches use the ORM.
     # Lock order: quota, then node (see module docstring).
-    quota = sql.lock_quota(request.namespace)
-    node = sql.lock_node(node_name)
+    locked = sql.lock_and_read(request.namespace, node_name, request.uid)
+    quota, node, cards, slices = locked.quota, locked.node, locked.cards, locked.slices
     if node is None:
         existing = PodBinding.objects.select_related("node").filter(pod_uid=request.uid).first()
         if existing is not None and existing.active:
             _same_node_or_conflict(existing, node_name)  # placed elsewhere says more
         raise NotFound(f"node {node_name!r} is not registered with Tessera", field="node")
-    # Read the pod's binding only under the node lock (with the node's cards and slices): a
+    # The pod's binding was read under the node lock (with the node's cards and slices): a
     # retried bind of the same pod that waited for the lock must see the reservation its twin
     # just committed, not re-fit.
-    cards, slices, existing_id = sql.node_cards_and_slices(node.pk, request.uid)
-    existing = None
+    existing, existing_id = None, locked.binding_id
     if existing_id is not None:
         existing = (
             PodBinding.objects.select_for_update(of=("self",))
@@ -303,6 +302,7 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
         # The failed attempt's inactive slices would collide with the new ones on the unique
         # (binding, container, card) constraint when the retry lands on the same card.
         binding.slices.filter(active=False).delete()
+        write_slices(binding, placed, card_ids, now)
     else:
         values = {
             "pod_uid": request.uid,
@@ -317,9 +317,8 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
             "created_at": now,
             "updated_at": now,
         }
-        binding_id = sql.insert_binding(values)
+        binding_id = sql.insert_binding(values, _slice_rows(placed, card_ids))
         binding = rawsql.loaded(PodBinding(pk=binding_id, **{**values, "node": node_row}))
-    write_slices(binding, placed, card_ids, now)
     # What was just written, for the caller that signs the allocation (saves it a re-read).
     card_index = {c.uuid: c.index for c in state.cards}
     binding.placed = tuple(  # type: ignore[attr-defined]
@@ -345,14 +344,17 @@ def write_slices(
 ) -> None:
     """The binding's slices, one per (container, card) assignment (inside the caller's
     transaction and lock; one statement)."""
-    sql.insert_slices(
-        (
-            (binding.pk, card_ids[a.card_uuid], a.container_name, a.container_index, a.init,
-             a.memory_mib, a.cores)
-            for a in assignments
-        ),
-        now or timezone.now(),
-    )  # fmt: skip
+    sql.insert_slices(binding.pk, _slice_rows(assignments, card_ids), now or timezone.now())
+
+
+def _slice_rows(
+    assignments: Iterable[Assignment], card_ids: Mapping[str, int]
+) -> list[tuple[Any, ...]]:
+    return [
+        (card_ids[a.card_uuid], a.container_name, a.container_index, a.init, a.memory_mib,
+         a.cores)
+        for a in assignments
+    ]  # fmt: skip
 
 
 def confirm_binding(pod_uid: str, reserved: PodBinding | None = None) -> PodBinding:

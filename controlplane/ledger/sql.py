@@ -9,7 +9,7 @@ Only the selectors and services of this app call these functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -103,8 +103,9 @@ def _statements() -> dict[str, str]:
         "node_cards_and_slices": (
             f"SELECT {columns(Card, _CARD, 'c')}, {columns(Slice, _SLICE, 's')}, "
             f"(SELECT {column(PodBinding, 'id', 'b')} FROM {binding} b WHERE {by_uid}) "
-            f"FROM {card} c LEFT JOIN {slc} s ON {slice_card} AND {active} "
-            f"WHERE {column(Card, 'node', 'c')} = %s"
+            f"FROM {card} c JOIN {node} n ON {card_node} "
+            f"LEFT JOIN {slc} s ON {slice_card} AND {active} "
+            f"WHERE {column(Node, 'name', 'n')} = %s"
         ),
         "lock_quota": (
             f"SELECT {columns(NamespaceQuota, ('gpumem_mib', 'gpucores', 'gpus'), 'q')} "
@@ -120,12 +121,18 @@ def _statements() -> dict[str, str]:
             f"VALUES {rawsql.placeholders(len(BINDING_INSERT))}"
         ),
         "insert_slices": f"INSERT INTO {slc} ({columns(Slice, _SLICE_INSERT)}) VALUES ",
+        # the binding's id by its pod UID: sent with the binding's INSERT, before its id is known
+        "binding_of_uid": (
+            f"(SELECT {column(PodBinding, 'id', 'b')} FROM {binding} b WHERE {by_uid})"
+        ),
         "changed_since": (
-            f"SELECT {column(Node, 'name', 'n')} FROM {node} n "
+            f"SELECT {column(Node, 'name', 'n')}, NULL, NULL FROM {node} n "
             f"WHERE {column(Node, 'updated_at', 'n')} >= %s "
-            f"UNION SELECT {column(Node, 'name', 'n')} FROM {card} c JOIN {node} n ON {card_node} "
+            f"UNION ALL SELECT {column(Node, 'name', 'n')}, NULL, NULL "
+            f"FROM {card} c JOIN {node} n ON {card_node} "
             f"WHERE {column(Card, 'updated_at', 'c')} >= %s "
-            f"UNION SELECT {column(Node, 'name', 'n')} FROM {binding} b JOIN {node} n "
+            f"UNION ALL SELECT {column(Node, 'name', 'n')}, {column(PodBinding, 'pod_uid', 'b')}, "
+            f"{column(PodBinding, 'phase', 'b')} FROM {binding} b JOIN {node} n "
             f"ON {column(PodBinding, 'node', 'b')} = {column(Node, 'id', 'n')} "
             f"WHERE {column(PodBinding, 'updated_at', 'b')} >= %s"
         ),
@@ -201,32 +208,12 @@ def active_slices(names: Sequence[str] | None = None) -> list[SliceRow]:
     return _read("slices", names, _slice, (True,))
 
 
-def node_cards_and_slices(
-    node_id: int, pod_uid: str
-) -> tuple[list[CardRow], list[SliceRow], int | None]:
-    """One node's cards and their active slices, and the id of the pod's binding row if it has
-    one, in one query (bind, under the node lock: it must see a twin bind's reservation)."""
-    found: dict[int, CardRow] = {}
-    slices: list[SliceRow] = []
-    binding_id = None
-    width, end = len(_CARD), len(_CARD) + len(_SLICE)
-    for row in rawsql.fetch(_sql("node_cards_and_slices"), (pod_uid, True, node_id)):
-        if row[0] not in found:
-            found[row[0]] = _card(row[:width])
-        if row[width] is not None:
-            slices.append(_slice(row[width:end]))
-        binding_id = row[end]
-    if not found:  # a node without cards: no row to carry the binding's id
-        rows = rawsql.fetch(_sql("binding_id"), (pod_uid,))
-        binding_id = rows[0][0] if rows else None
-    return list(found.values()), slices, binding_id
-
-
-def nodes_changed_since(since: datetime) -> set[str]:
-    """Names of nodes whose node, card or binding rows changed at or after `since` (one query:
-    the snapshot cache's incremental refresh, several times a second)."""
+def changes_since(since: datetime) -> list[tuple[str, str | None, str | None]]:
+    """(node name, pod UID, phase) for every binding row changed at or after `since`, and
+    (node name, None, None) for every node or card row (one query: the snapshot cache's
+    incremental refresh, several times a second)."""
     stamp = connection.ops.adapt_datetimefield_value(since)
-    return {row[0] for row in rawsql.fetch(_sql("changed_since"), (stamp, stamp, stamp))}
+    return [tuple(row) for row in rawsql.fetch(_sql("changed_since"), (stamp, stamp, stamp))]
 
 
 def ledger_counts() -> tuple[int, int]:
@@ -243,34 +230,86 @@ def quota_limits() -> dict[str, QuotaLimits]:
 # --- bind's critical section (inside the caller's transaction) -----------------------------------
 
 
-def lock_quota(namespace: str) -> QuotaLimits | None:
-    """Lock the namespace's quota row; its limits, None without one."""
-    rows = rawsql.fetch(_sql("lock_quota"), (namespace,))
-    return QuotaLimits(*rows[0]) if rows else None
+class Locked(NamedTuple):
+    """What bind's critical section reads under its locks (`lock_and_read`)."""
+
+    quota: QuotaLimits | None  # the namespace's limits (row locked), None without a quota
+    node: NodeRow | None  # the node (row locked), None when it is not registered
+    cards: list[CardRow]
+    slices: list[SliceRow]  # the active slices on those cards
+    binding_id: int | None  # the pod's binding row, active or not, if it has one
 
 
-def lock_node(name: str) -> NodeRow | None:
-    rows = rawsql.fetch(_sql("lock_node"), (name,))
-    return _node(rows[0]) if rows else None
+def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
+    """Lock the namespace's quota row, then the node's row, then read the node's cards, their
+    active slices and the pod's binding id: three statements in one round trip on PostgreSQL,
+    run in that order (the lock order of the module docstring), the read after both locks are
+    held (it must see a twin bind's reservation)."""
+    quota_rows, node_rows, card_rows = rawsql.fetch_in_order(
+        [
+            (_sql("lock_quota"), (namespace,)),
+            (_sql("lock_node"), (node_name,)),
+            (_sql("node_cards_and_slices"), (pod_uid, True, node_name)),
+        ]
+    )
+    found: dict[int, CardRow] = {}
+    slices: list[SliceRow] = []
+    binding_id = None
+    width, end = len(_CARD), len(_CARD) + len(_SLICE)
+    for row in card_rows:
+        if row[0] not in found:
+            found[row[0]] = _card(row[:width])
+        if row[width] is not None:
+            slices.append(_slice(row[width:end]))
+        binding_id = row[end]
+    if not found:  # a node without cards (or none at all): no row carried the binding's id
+        rows = rawsql.fetch(_sql("binding_id"), (pod_uid,))
+        binding_id = rows[0][0] if rows else None
+    return Locked(
+        QuotaLimits(*quota_rows[0]) if quota_rows else None,
+        _node(node_rows[0]) if node_rows else None,
+        list(found.values()),
+        slices,
+        binding_id,
+    )
 
 
-def insert_binding(values: dict[str, Any]) -> int:
-    """INSERT one binding row (`BINDING_INSERT` fields, Python values); its new id."""
+def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
+    """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
+    ((card id, container name, container index, init, memory MiB, compute percent) each); the
+    binding's new id. One round trip on PostgreSQL: the slices find their binding by its pod
+    UID, so they need not wait for the id."""
     params = [rawsql.db_value(PodBinding, f, values[f]) for f in BINDING_INSERT]
-    return rawsql.insert_returning_id(_sql("insert_binding"), params, column(PodBinding, "id"))
+    if not connection.features.can_return_columns_from_insert:
+        binding_id = rawsql.insert_returning_id(
+            _sql("insert_binding"), params, column(PodBinding, "id")
+        )
+        insert_slices(binding_id, slices, values["created_at"])
+        return binding_id
+    returning = f"{_sql('insert_binding')} RETURNING {column(PodBinding, 'id')}"
+    statements: list[tuple[str, Sequence[Any]]] = [(returning, params)]
+    if slices:
+        statements.append(_slices_insert(_sql("binding_of_uid"), values["pod_uid"], slices,
+                                         values["created_at"]))  # fmt: skip
+    return int(rawsql.fetch_in_order(statements)[0][0][0])
 
 
-def insert_slices(rows: Iterable[tuple[Any, ...]], now: datetime) -> None:
-    """INSERT active slices: (binding id, card id, container name, container index, init,
-    memory MiB, compute percent) each, in one statement."""
+def insert_slices(binding_id: int, slices: Sequence[tuple[Any, ...]], now: datetime) -> None:
+    """INSERT active slices of a binding row that exists: (card id, container name, container
+    index, init, memory MiB, compute percent) each, in one statement."""
+    if slices:
+        rawsql.execute(*_slices_insert("%s", binding_id, slices, now))
+
+
+def _slices_insert(
+    binding_sql: str, binding_param: Any, slices: Sequence[tuple[Any, ...]], now: datetime
+) -> tuple[str, list[Any]]:
     stamp = connection.ops.adapt_datetimefield_value(now)
+    row = "(" + ", ".join([binding_sql] + ["%s"] * (len(_SLICE_INSERT) - 1)) + ")"
     params: list[Any] = []
-    for row in rows:
-        params.extend((*row, True, stamp))
-    count = len(params) // len(_SLICE_INSERT)
-    if count:
-        values = ", ".join([rawsql.placeholders(len(_SLICE_INSERT))] * count)
-        rawsql.execute(_sql("insert_slices") + values, params)
+    for values in slices:
+        params.extend((binding_param, *values, True, stamp))
+    return _sql("insert_slices") + ", ".join([row] * len(slices)), params
 
 
 def confirm(pod_uid: str, now: datetime) -> int:
