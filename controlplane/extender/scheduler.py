@@ -381,7 +381,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         raise BindFailed(exc.message, "refused") from None
     if getattr(binding, "placed", None) is None and binding.phase != PodBinding.Phase.RESERVED:
         return BindAnswer("already_bound", binding)  # bound before: no second Binding
-    snapshot_cache.assume(args.node, _claims(binding))
+    snapshot_cache.assume(args.node, _claims(binding), args.pod_uid)
 
     record = ext_selectors.allocation_of(binding)
     annotations = signing.annotations(record)

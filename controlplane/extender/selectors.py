@@ -20,13 +20,14 @@ from controlplane.ledger.models import (
 from controlplane.scheduling import QuotaLimits
 
 
-def nodes_changed_since(since: datetime) -> set[str]:
-    """Names of nodes whose node, card or binding rows changed at or after `since` (1 query).
+def changes_since(since: datetime) -> list[tuple[str, str | None, str | None]]:
+    """What changed at or after `since` (1 query): (node, pod UID, phase) per binding row,
+    (node, None, None) per node or card row.
 
     The snapshot cache's incremental refresh; a binding's slices change only together with the
     binding row (reserve, release), so its `updated_at` covers them.
     """
-    return ledger_sql.nodes_changed_since(since)
+    return ledger_sql.changes_since(since)
 
 
 def ledger_counts() -> tuple[int, int]:

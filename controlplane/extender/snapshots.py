@@ -15,7 +15,12 @@ so the cache is kept fresh incrementally and off the request path:
 - what this process has just reserved on a node is added to the cached node at once (the
   "assumed pod": no re-read), so its own binds show in the very next answer (the scheduler's
   sidecar is the only binder); a node whose bind was undone is marked dirty and re-read
-  before the next answer;
+  before the next answer. The incremental pass does not re-read a node for a binding row of
+  a pod this process assumed that still holds its slices (reserved, bound, allocated: the
+  claims it added are what the rows say); any other row change on the node (another
+  writer's binding, a release, a card, the node itself) re-reads it. Without that, every
+  bind's node was read back in each pass of the look-back window, most of the refresher's
+  work during a burst;
 - should the thread fall behind by more than `STALE_LIMIT_S`, the request refreshes itself.
 
 `FILTER_SNAPSHOT_TTL_MS = 0` turns the cache off (each call reads the committed ledger).
@@ -28,6 +33,7 @@ import gc
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,12 +44,14 @@ from django.utils import timezone
 
 from controlplane.extender import selectors as ext_selectors
 from controlplane.ledger import selectors
+from controlplane.ledger.models import PodBinding
 from controlplane.scheduling import CardClaim, NodeState, QuotaLimits, Snapshot
 
 log = logging.getLogger(__name__)
 
 FULL_REFRESH_S = 600.0
 STALE_LIMIT_S = 2.0
+OWN_PODS = 65536  # pod UIDs this process assumed, remembered (oldest forgotten first)
 # Rows stamped before a refresh began may commit after it read: look back this far. Ledger
 # transactions last milliseconds; one second also absorbs small clock skew between replicas.
 LATE_COMMIT_MARGIN = timedelta(seconds=1)
@@ -68,6 +76,7 @@ class SnapshotCache:
         self._read_at: dict[str, float] = {}  # node -> monotonic start of the read now installed
         self._refreshing = threading.Lock()  # one incremental pass at a time
         self._quotas: dict[str, QuotaLimits] = {}
+        self._own: OrderedDict[str, None] = OrderedDict()  # pod UIDs assumed here
         self._thread: threading.Thread | None = None
         self.refreshes = 0  # counters for tests and the bench
         self.full_rebuilds = 0
@@ -76,17 +85,18 @@ class SnapshotCache:
         with self._lock:
             self._snapshot, self._cursor, self._dirty = None, None, set()
             self._read_at = {}
+            self._own.clear()
 
     def mark_dirty(self, node_names: Iterable[str]) -> None:
         """This process changed these nodes' rows: re-read them before the next answer."""
         self._dirty.update(node_names)
 
-    def assume(self, node_name: str, claims: Mapping[str, CardClaim]) -> None:
-        """This process just reserved these claims on the node: add them to the cached node
-        (kube-scheduler's "assumed pod") instead of re-reading it before the next answer.
+    def assume(self, node_name: str, claims: Mapping[str, CardClaim], pod_uid: str) -> None:
+        """This process just reserved these claims on the node for the pod: add them to the
+        cached node (kube-scheduler's "assumed pod") instead of re-reading it.
 
-        The node's rows changed, so the next incremental pass re-reads it anyway; a read that
-        began before this call is older than the reservation and is not installed over it.
+        Incremental passes then skip the pod's binding row while it holds its slices; a read
+        that began before this call is older than the reservation and is not installed over it.
         """
         if self._snapshot is None or _ttl() <= 0:
             return
@@ -95,10 +105,11 @@ class SnapshotCache:
             if node is None:
                 self._dirty.add(node_name)
                 return
-            nodes = dict(self._snapshot.by_name)
-            nodes[node_name] = node.with_claims(claims)
-            self._snapshot = Snapshot(tuple(nodes.values()))
+            self._snapshot = self._snapshot.replacing({node_name: node.with_claims(claims)})
             self._read_at[node_name] = time.monotonic()
+            self._own[pod_uid] = None
+            if len(self._own) > OWN_PODS:
+                self._own.popitem(last=False)
 
     def quota_limits(self, namespace: str) -> QuotaLimits | None:
         """The namespace's quota as of the snapshot (bind re-checks it under the lock)."""
@@ -161,7 +172,14 @@ class SnapshotCache:
         names = set(self._dirty)
         self._dirty.difference_update(names)
         if incremental and self._cursor is not None:
-            names |= ext_selectors.nodes_changed_since(self._cursor - LATE_COMMIT_MARGIN)
+            own, held = self._own, _HELD
+            names.update(
+                node
+                for node, pod_uid, phase in ext_selectors.changes_since(
+                    self._cursor - LATE_COMMIT_MARGIN
+                )
+                if pod_uid is None or phase not in held or pod_uid not in own
+            )
         nodes = {n.name: n for n in selectors.cluster_snapshot(names).nodes} if names else {}
         quotas = ext_selectors.all_quota_limits() if incremental else None
         counts = ext_selectors.ledger_counts() if incremental else None
@@ -171,19 +189,16 @@ class SnapshotCache:
         with self._lock:
             assert self._snapshot is not None
             if read.names:
-                nodes = dict(self._snapshot.by_name)
+                changes: dict[str, NodeState | None] = {}
                 for name in read.names:
                     if self._read_at.get(name, 0.0) > read.started:
                         continue  # a later read of this node is already in
                     self._read_at[name] = read.started
-                    old = nodes.get(name)
+                    old = self._snapshot.by_name.get(name)
                     self._cards -= len(old.cards) if old is not None else 0
-                    if name in read.nodes:
-                        nodes[name] = read.nodes[name]  # in place: the order stays
-                        self._cards += len(read.nodes[name].cards)
-                    elif old is not None:
-                        del nodes[name]
-                self._snapshot = Snapshot(tuple(nodes.values()))
+                    changes[name] = read.nodes.get(name)  # None: deleted
+                    self._cards += len(read.nodes[name].cards) if name in read.nodes else 0
+                self._snapshot = self._snapshot.replacing(changes)
             if read.incremental:
                 self._cursor, self._synced_at = read.cursor, read.started
                 self._quotas = read.quotas or {}
@@ -241,5 +256,7 @@ class _Read:
     quotas: dict[str, QuotaLimits] | None
     counts: tuple[int, int] | None
 
+
+_HELD = frozenset(phase.value for phase in PodBinding.ACTIVE_PHASES)
 
 snapshot_cache = SnapshotCache()

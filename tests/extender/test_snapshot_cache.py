@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from controlplane.extender import snapshots
 from controlplane.extender.snapshots import snapshot_cache
@@ -125,3 +127,45 @@ def test_the_background_thread_keeps_it_fresh_off_the_request_path(client, setti
     finally:
         snapshot_cache.clear()  # stops the thread
         time.sleep(0.25)
+
+
+def test_passes_skip_own_held_binds_and_reread_every_other_change(
+    client, cached, fake_kube, monkeypatch
+) -> None:
+    # a short look-back, so that a pass no longer sees the nodes' creation (or the last step)
+    monkeypatch.setattr(snapshots, "LATE_COMMIT_MARGIN", timedelta(milliseconds=100))
+    make_node("n1", cards=2, memory_mib=10000)
+    make_node("n2", cards=2, memory_mib=10000)
+    feasible(client, gpu_pod("warm"), ["n1", "n2"])
+    reread: list[set[str]] = []
+    real = selectors.cluster_snapshot
+
+    def counting(names=None):
+        if names is not None:
+            reread.append(set(names))
+        return real(names)
+
+    monkeypatch.setattr(selectors, "cluster_snapshot", counting)
+
+    def next_pass() -> set[str]:
+        reread.clear()
+        time.sleep(0.25)
+        feasible(client, gpu_pod("probe", mem=1), ["n1", "n2"])
+        return set().union(*reread)
+
+    assert next_pass() == {"n1", "n2"}  # their creation, still within the look-back
+
+    ours = fake_kube.add(gpu_pod("ours", mem=6000))
+    assert post(client, "/scheduler/bind", bind_args(ours, "n1")).json() == {"Error": ""}
+    assert next_pass() == set()  # our own reservation (and its confirmation): already assumed
+    assert snapshot_cache.get().by_name["n1"] == real(["n1"]).nodes[0]
+
+    services.reserve_binding(parse_pod(gpu_pod("foreign", mem=6000)), "n2")
+    assert next_pass() == {"n2"}  # another writer's binding on n2 (ours on n1 still skipped)
+
+    services.release_binding(ours["metadata"]["uid"], "the pod ended")
+    assert next_pass() == {"n1"}  # our pod's slices freed by someone else: read back
+    assert snapshot_cache.get().by_name["n1"] == real(["n1"]).nodes[0]
+
+    Node.objects.filter(name="n2").update(cordoned=True, updated_at=timezone.now())
+    assert next_pass() == {"n2"}  # the node row itself

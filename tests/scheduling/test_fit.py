@@ -546,3 +546,19 @@ def test_nodes_with_more_cards_than_a_packed_key_holds(policy: str) -> None:
     b_cards = [x.card_uuid for x in out if x.container_name == "b"]
     assert b_cards == (["GPU-5", "GPU-12"] if policy == "binpack" else ["GPU-27", "GPU-34"])
     assert fit_node(n, request).feasible
+
+
+def test_snapshot_replacing_swaps_adds_and_removes_nodes_in_order() -> None:
+    n1, n2, n3 = node("n1"), node("n2"), node("n3")
+    snap = Snapshot.build([n1, n2, n3])
+    fuller = half_full_node("n2")
+
+    changed = snap.replacing({"n2": fuller, "n4": node("n4"), "n1": None, "ghost": None})
+
+    assert [n.name for n in changed.nodes] == ["n2", "n3", "n4"]  # n2 kept its place
+    assert changed.by_name["n2"] is fuller and changed.nodes[0] is fuller
+    assert set(changed.by_name) == {"n2", "n3", "n4"}
+    assert snap.by_name["n2"] is n2 and len(snap.nodes) == 3  # the original is untouched
+    assert changed == Snapshot.build(changed.nodes)  # as if built from scratch
+    with pytest.raises(ValueError, match="given as"):
+        snap.replacing({"n1": n2})
