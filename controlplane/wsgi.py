@@ -1,4 +1,6 @@
-"""WSGI entry point for the production app server (gunicorn controlplane.wsgi)."""
+"""WSGI entry point for the production app server (gunicorn controlplane.wsgi).
+
+The extender's three verbs skip Django's middleware (controlplane/extender/fastpath.py)."""
 
 import os
 
@@ -6,3 +8,7 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 application = get_wsgi_application()
+
+from controlplane.extender.fastpath import ExtenderFastPath  # noqa: E402 - needs the apps loaded
+
+application = ExtenderFastPath(application)
