@@ -70,12 +70,16 @@ class RecentRequests:
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
 
-    def recall(self, uid: str) -> tuple[bool, PodRequest | None]:
-        """(known, request): request None for a known pod that asks for no managed resource."""
+    def recall(self, uid: str, namespace: str, name: str) -> tuple[bool, PodRequest | None]:
+        """(known, request): request None for a known pod that asks for no managed resource.
+        A UID remembered for another pod's name is not known (read or parse it afresh)."""
         with self._lock:
             if uid not in self._items:
                 return False, None
-            return True, self._items[uid]
+            request = self._items[uid]
+        if request is not None and (request.namespace, request.name) != (namespace, name):
+            return False, None
+        return True, request
 
     def clear(self) -> None:
         with self._lock:
@@ -220,9 +224,14 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
 def run_prioritize(args: ExtenderArgs) -> list[tuple[str, int]]:
     """(node, score 0..10) in input order; 0 for every node when the pod is not ours.
 
+    The request is the one filter parsed for the same pod in the same scheduling cycle
+    (`RecentRequests`, by UID, name checked); a pod filter did not see here is parsed.
     Raises RequestError for a pod whose GPU request does not parse.
     """
-    request = parse_pod(args.pod, selectors.scheduling_config())
+    uid, namespace, name = _pod_identity(args.pod)
+    known, request = recent_requests.recall(uid, namespace, name)
+    if not known:
+        request = parse_pod(args.pod, selectors.scheduling_config())
     if request is None:
         return [(n, 0) for n in args.node_names]
     return prioritize(snapshot_cache.get(), request, args.node_names)
@@ -348,17 +357,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
     """
     kube = kube_adapter.get_kube()
     request: PodRequest | BindAnswer | None
-    known, request = recent_requests.recall(args.pod_uid)
-    if (
-        known
-        and request is not None
-        and (request.namespace, request.name)
-        != (
-            args.namespace,
-            args.pod_name,
-        )
-    ):
-        known = False  # not the pod this UID was filtered as: read it
+    known, request = recent_requests.recall(args.pod_uid, args.namespace, args.pod_name)
     if not known:
         request = _read_request(kube, args)
     if isinstance(request, BindAnswer):

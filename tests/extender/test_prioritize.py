@@ -57,3 +57,30 @@ def test_bad_input_is_a_400_with_the_reason(client) -> None:
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = "250"
     bad = post(client, "/scheduler/prioritize", filter_args(pod, ["n1"]))
     assert bad.status_code == 400 and "nvidia.com/gpucores" in bad.json()["Error"]
+
+
+def test_the_request_filter_parsed_is_reused_for_the_same_pod(
+    client, half_full_and_empty, monkeypatch
+) -> None:
+    from controlplane.extender import scheduler
+
+    parsed: list[str] = []
+    real = scheduler.parse_pod
+
+    def counting(pod, config=None):
+        parsed.append(pod["metadata"]["name"])
+        return real(pod, config)
+
+    monkeypatch.setattr(scheduler, "parse_pod", counting)
+    pod = gpu_pod("seen", mem=1000, annotations={"tessera.io/node-policy": "spread"})
+    post(client, "/scheduler/filter", filter_args(pod, half_full_and_empty))
+    assert scores(client, pod, half_full_and_empty) == {"empty": 9, "half": 4}
+    assert parsed == ["seen"]  # once, by filter
+
+    # a pod filter did not see (or another pod under a remembered UID) is parsed afresh
+    other = gpu_pod("unseen", mem=1000)
+    assert scores(client, other, half_full_and_empty) == {"empty": 1, "half": 6}
+    renamed = gpu_pod("renamed", mem=1000)
+    renamed["metadata"]["uid"] = pod["metadata"]["uid"]
+    assert scores(client, renamed, half_full_and_empty) == {"empty": 1, "half": 6}
+    assert parsed == ["seen", "unseen", "renamed"]
