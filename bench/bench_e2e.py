@@ -197,6 +197,24 @@ def cpu_spent(
     return spent
 
 
+def apiserver_requests(api: Api) -> dict[str, float]:
+    """kube-apiserver's request counts so far by verb and resource, from its /metrics."""
+    response = api.session().get(f"{api.base}/metrics", timeout=30)
+    response.raise_for_status()
+    counts: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+        )
+        key = " ".join(
+            labels.get(k, "").strip('"') for k in ("verb", "resource", "subresource")
+        ).strip()
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
 def scheduler_attempts(cluster: Cluster) -> str:
     """kube-scheduler's own account of its scheduling cycles, from its /metrics: attempts by
     result and their mean duration (the serial cycle: filter, extenders, score, reserve)."""
@@ -287,6 +305,7 @@ def run_phase(
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(create, backlog))
     cpu_before = cpu_by_process(cluster)
+    requests_before = apiserver_requests(api)
     start = time.monotonic()
     cluster.start_scheduler(extender=extender)
     wait_bound(backlog)
@@ -295,6 +314,7 @@ def run_phase(
     cpu_after = cpu_by_process(cluster)
     backlog_wall = max(time.monotonic() - start, 1e-9)
     attempts = scheduler_attempts(cluster)
+    requests_after = apiserver_requests(api)
 
     count, rate = paced
     stream = [f"s-{i:05d}" for i in range(count)]
@@ -328,6 +348,18 @@ def run_phase(
     machine = spent.pop("machine")
     spent = {name: seconds for name, seconds in spent.items() if seconds >= 0.05}
     print(f"  {attempts}", flush=True)
+    served = {
+        key: requests_after[key] - requests_before.get(key, 0.0)
+        for key in requests_after
+        if requests_after[key] - requests_before.get(key, 0.0) >= max(1, pods // 100)
+    }
+    print(
+        "  kube-apiserver requests over the backlog, per pod: "
+        + ", ".join(
+            f"{key} {n / pods:.2f}" for key, n in sorted(served.items(), key=lambda kv: -kv[1])
+        ),
+        flush=True,
+    )
     print(
         f"  CPU over the backlog ({backlog_wall:.1f} s wall, {os.cpu_count()} CPUs, "
         f"{machine:.1f} s used): "
