@@ -362,7 +362,7 @@ def run_phase(
     )
     print(
         f"  CPU over the backlog ({backlog_wall:.1f} s wall, {os.cpu_count()} CPUs, "
-        f"{machine:.1f} s used): "
+        f"{machine:.1f} s used, {1000 * machine / max(len(done), 1):.1f} ms per pod): "
         + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(spent.items(), key=lambda kv: -kv[1])),
         flush=True,
     )
