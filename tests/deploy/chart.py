@@ -8,6 +8,7 @@ reason, they never skip.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -97,19 +98,20 @@ def _render(values: tuple[str, ...], sets: tuple[str, ...]) -> tuple[dict[str, A
 
 
 def render(*values: str, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """`helm template` of the chart with these values files (names in tests/deploy/)."""
-    return [dict(d) for d in _render(tuple(values), sets)]
+    """`helm template` of the chart with these values files (names in tests/deploy/): a deep
+    copy of the cached rendering, so a test may change it freely."""
+    return copy.deepcopy(list(_render(tuple(values), sets)))
 
 
 def container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str, Any]:
     """Container `name` of the rendered Deployment whose component label is `component` (the
-    same dict as in `docs`, so a test may change its env in a copy of the documents)."""
+    same dict as in `docs`: changing it changes `docs`)."""
     for doc in docs:
         labels = doc["metadata"].get("labels") or {}
         if doc["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == component:
             for item in doc["spec"]["template"]["spec"]["containers"]:
                 if item["name"] == name:
-                    return dict(item)
+                    return item  # type: ignore[no-any-return]
     raise AssertionError(f"the rendered chart has no {component} container {name}")
 
 

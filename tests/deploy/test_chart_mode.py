@@ -7,7 +7,6 @@ sets something the harness cannot honour, must stop chart mode with the reason.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -65,7 +64,7 @@ def _scheduler_configmap(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_a_scheduler_managing_other_names_than_the_control_plane_is_refused() -> None:
-    docs = copy.deepcopy(render("values-resources.yaml"))
+    docs = render("values-resources.yaml")
     configmap = _scheduler_configmap(docs)
     inner = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
     inner["extenders"][0]["managedResources"][0]["name"] = "nvidia.com/gpu"
@@ -75,7 +74,7 @@ def test_a_scheduler_managing_other_names_than_the_control_plane_is_refused() ->
 
 
 def test_a_profile_not_named_like_the_webhooks_scheduler_is_refused() -> None:
-    docs = copy.deepcopy(render())
+    docs = render()
     configmap = _scheduler_configmap(docs)
     inner = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
     inner["profiles"][0]["schedulerName"] = "someone-else"
@@ -85,7 +84,7 @@ def test_a_profile_not_named_like_the_webhooks_scheduler_is_refused() -> None:
 
 
 def test_a_node_plugin_advertising_another_name_is_refused() -> None:
-    docs = copy.deepcopy(render())
+    docs = render()
     [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
     for item in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]:
         if item["name"] == "TESSERA_RESOURCE_GPU":
@@ -95,7 +94,7 @@ def test_a_node_plugin_advertising_another_name_is_refused() -> None:
 
 
 def test_containers_that_disagree_on_a_setting_are_refused() -> None:
-    docs = copy.deepcopy(render())
+    docs = render()
     container(docs, "worker", "worker")["env"].append(
         {"name": "TESSERA_DEFAULT_SLOTS", "value": "4"}
     )
@@ -107,7 +106,7 @@ def test_containers_that_disagree_on_a_setting_are_refused() -> None:
 
 
 def test_a_secret_reference_the_harness_does_not_know_is_refused() -> None:
-    docs = copy.deepcopy(render())
+    docs = render()
     ref = {"secretKeyRef": {"name": "vault", "key": "token"}}
     container(docs, "controlplane", "app")["env"].append(
         {"name": "TESSERA_SOMETHING", "valueFrom": ref}
@@ -117,7 +116,7 @@ def test_a_secret_reference_the_harness_does_not_know_is_refused() -> None:
 
 
 def test_references_are_expanded_like_the_kubelet_does() -> None:
-    docs = copy.deepcopy(render())
+    docs = render()
     env = container(docs, "controlplane", "app")["env"]
     env += [
         {"name": "TESSERA_LOG_LEVEL", "value": "debug"},
