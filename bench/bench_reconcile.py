@@ -64,6 +64,9 @@ class ListSource:
     def last_resource_version(self) -> str:
         return "1"
 
+    def current_resource_version(self) -> str:
+        return "1"
+
 
 def build_ledger() -> list[dict]:
     if connection.vendor == "postgresql":

@@ -569,6 +569,20 @@ def get_kube() -> Kube:
 # --- the reconciler's view of the cluster (controlplane.reconciler.source.ClusterSource) ------
 
 
+def _resume_point_lost(status: int | None, message: str, details: Any = None) -> bool:
+    """The API server cannot watch from the given resourceVersion: 410 Gone (compacted away),
+    or 504 "Too large resource version" (ahead of the API server: etcd was restored from a
+    backup, or the resume point is another cluster's). Either way only a relist helps; without
+    this the second kind read as a temporary error, retried until the next full resync."""
+    if status == 410:
+        return True
+    causes = (details.get("causes") or []) if isinstance(details, dict) else []
+    return status == 504 and (
+        "too large resource version" in message.lower()
+        or any(isinstance(c, dict) and c.get("reason") == "ResourceVersionTooLarge" for c in causes)
+    )
+
+
 class RealClusterSource:
     """Paginated lists and resumable watches of pods and nodes on a real API server."""
 
@@ -584,7 +598,7 @@ class RealClusterSource:
                 return self.kube._json(fn(*args, _preload_content=False, **kwargs))
             except Exception as exc:  # translated into the reconciler's two error kinds
                 error = self.kube._error(exc, doing)
-                if error.status == 410:
+                if _resume_point_lost(error.status, error.message):
                     raise WatchExpired(error.message) from exc
                 raise TemporaryError(error.message) from exc
 
@@ -631,8 +645,9 @@ class RealClusterSource:
                 kind = str(event.get("type"))
                 raw = event.get("raw_object") or {}
                 if kind == "ERROR":
-                    if int(raw.get("code") or 0) == 410:
-                        raise WatchExpired(str(raw.get("message", "resourceVersion expired")))
+                    message = str(raw.get("message", "resourceVersion expired"))
+                    if _resume_point_lost(int(raw.get("code") or 0), message, raw.get("details")):
+                        raise WatchExpired(message)
                     raise TemporaryError(f"watch pods: {raw.get('message', raw)}")
                 self._rv = str((raw.get("metadata") or {}).get("resourceVersion") or self._rv)
                 if kind == "BOOKMARK":
@@ -642,7 +657,7 @@ class RealClusterSource:
             raise
         except Exception as exc:  # connection trouble mid-watch: retry later
             error = self.kube._error(exc, "watch pods")
-            if error.status == 410:
+            if _resume_point_lost(error.status, error.message):
                 raise WatchExpired(error.message) from exc
             raise TemporaryError(error.message) from exc
 
@@ -658,6 +673,12 @@ class RealClusterSource:
     def list_node_names(self) -> set[str]:
         items, _ = self._paged("list nodes", self.kube._api.list_node, 500)
         return {str((n.get("metadata") or {}).get("name")) for n in items}
+
+    def current_resource_version(self) -> str:
+        page = self._call(
+            "list pods", self.kube._api.list_pod_for_all_namespaces, limit=1, _request_timeout=30
+        )
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     def last_resource_version(self) -> str:
         return self._rv
@@ -701,6 +722,9 @@ class EmbeddedClusterSource:
 
     def last_resource_version(self) -> str:
         return self._rv
+
+    def current_resource_version(self) -> str:
+        return str(self.kube._latest_event_id())
 
 
 def cluster_source() -> Any:

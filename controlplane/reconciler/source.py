@@ -34,7 +34,8 @@ class PodEvent:
 
 
 class WatchExpired(Exception):
-    """The resourceVersion is too old (HTTP 410 Gone): relist, then watch from the new one."""
+    """The resourceVersion is too old (HTTP 410 Gone) or ahead of the API server: relist, then
+    watch from the new one."""
 
 
 class TemporaryError(Exception):
@@ -56,6 +57,10 @@ class ClusterSource(Protocol):
 
     def last_resource_version(self) -> str:
         """The resourceVersion of the last event yielded by watch_pods (or the last list)."""
+
+    def current_resource_version(self) -> str:
+        """The API server's resourceVersion now (a one-item list): a resume point ahead of it
+        (etcd restored from a backup) is watched from in silence, not refused."""
 
 
 def pod_view(obj: Mapping[str, Any]) -> PodView:

@@ -3,10 +3,11 @@
 `reconcile` runs once at a time whatever the number of workers (a Redis lock with an expiry, so
 a worker killed mid-run blocks the next one for at most the lock's TTL). It watches pod events
 from the last resourceVersion it saw and falls back to a full relist when it has none, when the
-API server says the version expired (410), or when the last full relist is older than
-TESSERA_FULL_RESYNC_S. Temporary errors (API server or Redis away) are retried with exponential
-backoff and jitter; a run that dies half-way has committed only whole repairs, and the next run
-finds the rest, because every repair is level-based.
+API server says the version expired (410), when the version is ahead of the API server's (etcd
+restored from a backup: a watch from it would wait in silence), or when the last full relist is
+older than TESSERA_FULL_RESYNC_S. Temporary errors (API server or Redis away) are retried with
+exponential backoff and jitter; a run that dies half-way has committed only whole repairs, and the
+next run finds the rest, because every repair is level-based.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ class LocalState(dict[str, str]):
         self[key] = value
 
 
+def _ahead(saved: str, current: str) -> bool:
+    """Is the saved resourceVersion past the API server's? (Both are etcd revisions in every
+    API server there is; anything else is not compared.)"""
+    return saved.isdigit() and current.isdigit() and int(saved) > int(current)
+
+
 def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> ReconcileRun:
     """A full relist or a watch pass, then node staleness; records a ReconcileRun.
 
@@ -108,6 +115,12 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
     rv = state.get(RV_KEY)
     last_full = float(state.get(LAST_FULL_KEY) or 0)
     if time.time() - last_full > settings.TESSERA["FULL_RESYNC_S"]:
+        full = True
+    if not full and rv and _ahead(rv, source.current_resource_version()):
+        # etcd restored from a backup, or another cluster: the API server would watch from
+        # this version in silence until it got there. Only a relist is right.
+        log.warning("reconcile: resume point %s is ahead of the API server: relisting", rv)
+        drift["resume_point_ahead"] += 1
         full = True
     if not full and rv:
         try:

@@ -120,3 +120,28 @@ def test_a_bound_pod_missing_from_the_ledger_is_adopted_and_a_forged_one_is_not(
         lambda: api.allocation(unmanaged, "restored").status_code == 404,
         timeout=120, what="the adopted pod's slices to be released", every=1,
     )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_resume_point_ahead_of_the_api_server_means_a_full_relist(cluster: Cluster) -> None:
+    """etcd restored from a backup: the saved resourceVersion is ahead of the API server, which
+    then watches from it in silence (no error, no events) until it gets there. The reconciler
+    compares it with the API server's current version and relists instead."""
+    import time
+
+    from controlplane.kube import RealClusterSource, RealKube
+    from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
+
+    source = RealClusterSource(RealKube("kubeconfig", str(cluster.kubeconfig)))
+    _, listed = source.list_pods()
+    current = source.current_resource_version()
+    assert int(current) >= int(listed)
+    ahead = str(int(current) + 10_000_000)
+    started = time.monotonic()
+    assert list(source.watch_pods(ahead, 3)) == []  # what the check is for: silence
+    assert time.monotonic() - started >= 2.5
+
+    state = LocalState({RV_KEY: ahead, LAST_FULL_KEY: str(time.time())})
+    run = run_reconcile(source, state, full=False)
+    assert run.mode == "full" and run.drift.get("resume_point_ahead") == 1
+    assert int(state[RV_KEY]) <= int(source.current_resource_version())

@@ -165,29 +165,62 @@ def test_stale_and_deleted_nodes_are_marked_not_ready() -> None:
     assert Node.objects.get(name="n1").ready
 
 
+class Restored:
+    """An API server whose etcd came back from a backup at version 50, where the pod of the
+    one binding is gone; a watch from any version says nothing (as a real one does for a
+    version it has not reached)."""
+
+    def __init__(self) -> None:
+        self.watched: list[str] = []
+
+    def list_pods(self, page_size: int = 500):
+        return [], "50"
+
+    def watch_pods(self, rv, timeout_s):
+        self.watched.append(rv)
+        return iter(())
+
+    def get_pod(self, namespace, name):
+        return None
+
+    def list_node_names(self):
+        return {"n1"}
+
+    def last_resource_version(self):
+        return self.watched[-1] if self.watched else "50"
+
+    def current_resource_version(self):
+        return "50"
+
+
 def test_metrics_show_the_reconcilers_runs_and_drift(admin_client) -> None:
     from controlplane.reconciler.tasks import LocalState, run_reconcile
 
-    class Empty:
-        def list_pods(self, page_size: int = 500):
-            return [], "1"
-
-        def watch_pods(self, rv, timeout_s):
-            return iter(())
-
-        def get_pod(self, namespace, name):
-            return None
-
-        def list_node_names(self):
-            return {"n1"}
-
-        def last_resource_version(self):
-            return "1"
-
     reserve("gone")
     PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
-    run = run_reconcile(Empty(), LocalState(), full=True)
+    run = run_reconcile(Restored(), LocalState(), full=True)
     assert run.drift == {"released_deleted": 1}
     body = admin_client.get("/metrics").content.decode()
     assert 'tessera_reconcile_drift_24h{kind="released_deleted"} 1' in body
     assert 'tessera_reconcile_last_duration_seconds{mode="full"}' in body
+
+
+def test_a_resume_point_ahead_of_the_api_server_is_a_full_relist_not_a_silent_watch() -> None:
+    import time
+
+    from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
+
+    make_node("n1", cards=1, memory_mib=10000)
+    gone = reserve("gone")
+    PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
+    source = Restored()
+    state = LocalState({RV_KEY: "900", LAST_FULL_KEY: str(time.time())})  # saved before restore
+
+    first = run_reconcile(source, state, full=False)
+
+    assert first.mode == "full" and source.watched == []
+    assert first.drift == {"resume_point_ahead": 1, "released_deleted": 1}
+    assert PodBinding.objects.get(pk=gone.pk).phase == "released"
+    assert state[RV_KEY] == "50"
+    second = run_reconcile(source, state, full=False)  # now a version the server has
+    assert second.mode == "watch" and source.watched == ["50"]
