@@ -50,9 +50,10 @@ def per_vendor(build: Callable[[], dict[str, str]]) -> Callable[[], dict[str, st
 
 
 def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The statement's rows (none for a write without RETURNING)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        return cursor.fetchall() if cursor.description else []
 
 
 def fetch_in_order(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
@@ -66,7 +67,7 @@ def fetch_in_order(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list
     databases (and a libpq without pipelines) they run as separate queries.
     """
     if connection.vendor != "postgresql" or not _pipelines_supported():
-        return [_rows(connection.cursor(), sql, params) for sql, params in statements]
+        return [fetch(sql, params) for sql, params in statements]
     connection.ensure_connection()
     cursors = []
     try:
@@ -86,12 +87,6 @@ def _pipelines_supported() -> bool:
     import psycopg
 
     return bool(psycopg.Pipeline.is_supported())
-
-
-def _rows(cursor: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    with cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:

@@ -21,17 +21,18 @@ from typing import Any
 from django.core.handlers.wsgi import WSGIRequest
 from django.db import close_old_connections
 
-from controlplane.extender import views
+from controlplane.extender.urls import urlpatterns
 
 log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
+# The extender's routes as the URLconf names them (mounted at the root): one list of paths.
 ROUTES = {
-    "/scheduler/filter": views.filter_view,
-    "/scheduler/prioritize": views.prioritize_view,
-    "/scheduler/bind": views.bind_view,
+    f"/{pattern.pattern}": pattern.callback
+    for pattern in urlpatterns
+    if pattern.name and pattern.name.startswith("extender-")
 }
 
 _FAILED = b'{"Error":"internal error in the extender; the control plane log has it"}'
