@@ -402,7 +402,7 @@ def print_extender_times(cluster: Cluster) -> None:
     """Mean time Tessera took per verb in (c), from its own /metrics (where the pod's time went:
     filter and prioritize are on kube-scheduler's serial scheduling cycle, bind is not)."""
     response = requests.get(
-        f"{cluster.controlplane_url}/metrics",
+        f"{cluster.extender_url}/metrics",
         headers={"Authorization": f"Bearer {cluster.admin_token}"},
         timeout=30,
     )

@@ -11,9 +11,9 @@ What it does, in order:
 2. Seeds ``--nodes`` nodes x 8 cards (80/40/24 GiB models, 10 slots) and ``--slices`` active
    one-slice bindings on them, with bulk inserts (seeding through the services would take
    minutes and is not what is measured), plus ``--burst-nodes`` empty nodes for the burst.
-3. Starts gunicorn (``controlplane.wsgi``, 1 worker x 16 threads: the scheduler sidecar's
-   settings, docs/extender.md) on a free loopback port, embedded Kubernetes stand-in,
-   ``TESSERA_SERVE_EXTENDER=1``.
+3. Starts the sidecar with its command from deploy/scheduler/deployment.yaml (granian, 1 worker
+   x 16 blocking threads, docs/extender.md) on a free loopback port, embedded Kubernetes
+   stand-in, ``TESSERA_SERVE_EXTENDER=1``.
 4. Times, over one keep-alive connection like kube-scheduler's:
    - filter and prioritize of a full v1.Pod (tests/extender/fixtures) against every node name;
    - bind of pods created in the stand-in, each after its own filter + prioritize. The
@@ -226,17 +226,24 @@ class Conn:
 def start_server(
     env: dict[str, str], port: int, tmp: Path, workers: int = 1
 ) -> subprocess.Popen[bytes]:
-    log = open(tmp / "gunicorn.log", "wb")  # noqa: SIM115 - lives as long as the server
+    """The sidecar as deploy/scheduler/deployment.yaml runs it, on `port` (and `workers`)."""
+    from e2e.cluster import deployed_extender_command, sidecar_argv
+
+    found = deployed_extender_command()
+    if found is None:
+        raise SystemExit("deploy/scheduler/deployment.yaml has no extender container command")
+    argv = [
+        f"--workers={workers}" if a.startswith("--workers=") else a
+        for a in sidecar_argv(found[0], port, found[1])
+    ]
+    log = open(tmp / "sidecar.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "controlplane.wsgi",
-         "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "16",
-         "--worker-class", "gthread", "--keep-alive", "30", "--timeout", "120"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"gunicorn exited: {(tmp / 'gunicorn.log').read_text()[-2000:]}")
+            raise SystemExit(f"the sidecar exited: {(tmp / 'sidecar.log').read_text()[-2000:]}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", "/healthz")
@@ -244,7 +251,7 @@ def start_server(
                 return proc
         except OSError:
             time.sleep(0.2)
-    raise SystemExit("gunicorn did not come up")
+    raise SystemExit("the sidecar did not come up")
 
 
 def pod_from_fixture(name: str, uid: str, mem: int = 3000, policy: str = "binpack") -> dict:
@@ -416,7 +423,7 @@ def main() -> int:
     parser.add_argument("--burst-pods", type=int, default=1000)
     parser.add_argument("--burst-nodes", type=int, default=125)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--workers", type=int, default=1, help="gunicorn worker processes")
+    parser.add_argument("--workers", type=int, default=1, help="the sidecar's worker processes")
     opts = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
@@ -448,7 +455,7 @@ def main() -> int:
         check = check_burst(opts.burst_pods)
 
         missed = []
-        print(f"\nextender over HTTP (gunicorn {opts.workers}x16 threads, loopback), "
+        print(f"\nextender over HTTP (the sidecar's granian, {opts.workers} worker, loopback), "
               f"{opts.nodes} node names:")  # fmt: skip
         for verb, values in (("filter", times["filter"]), ("prioritize", times["prioritize"]),
                              ("bind", own)):  # fmt: skip

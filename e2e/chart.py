@@ -17,7 +17,9 @@ The harness then takes from the chart, instead of its own defaults:
 - the `MutatingWebhookConfiguration` as rendered (rules, selectors, matchConditions, failure
   policy, timeout), with `clientConfig` the harness's URL and CA;
 - the resource name the simulated nodes advertise: the node plugin DaemonSet's
-  `TESSERA_RESOURCE_GPU`.
+  `TESSERA_RESOURCE_GPU`;
+- the extender sidecar's command (its server and settings), with only its listening address
+  replaced (`e2e/cluster.py sidecar_argv`).
 
 The chart's parts are checked against each other on the way (the profile's schedulerName is the
 control plane's TESSERA_SCHEDULER_NAME, managedResources and the node plugin's name are the
@@ -97,6 +99,8 @@ class ChartConfig:
     webhook_config: dict[str, Any]  # the rendered MutatingWebhookConfiguration
     node_resource: str  # what the node plugin advertises (its TESSERA_RESOURCE_GPU)
     containers: tuple[str, ...] = field(default=())  # the containers the env came from
+    # The scheduler pod's extender sidecar: its command and args as rendered.
+    extender_command: tuple[str, ...] = field(default=())
 
     @property
     def resources(self) -> ResourceNames:
@@ -126,6 +130,7 @@ class ChartConfig:
             webhook_config=_only(docs, "MutatingWebhookConfiguration"),
             node_resource=_node_resource(docs),
             containers=containers,
+            extender_command=_extender_command(docs),
         )
         config.check()
         return config
@@ -172,6 +177,18 @@ def _component(doc: dict[str, Any]) -> str:
 
 def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
     return dict(((doc.get("spec") or {}).get("template") or {}).get("spec") or {})
+
+
+def _extender_command(docs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The command and args of the scheduler Deployment's `extender` container."""
+    for doc in docs:
+        if doc.get("kind") != "Deployment" or _component(doc) != "scheduler":
+            continue
+        for container in _pod_spec(doc).get("containers") or []:
+            if container.get("name") == "extender" and container.get("command"):
+                argv = [*container["command"], *(container.get("args") or [])]
+                return tuple(str(a) for a in argv)
+    raise ChartError("the rendered chart's scheduler Deployment has no extender container command")
 
 
 def _only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

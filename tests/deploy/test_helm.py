@@ -232,8 +232,10 @@ def test_extender_sidecar_listens_on_loopback_only_and_signs_with_the_shared_key
     docs = render()
     deploy = one(docs, "Deployment", f"{RELEASE}-scheduler")
     sidecar = next(c for c in containers(deploy) if c["name"] == "extender")
-    assert "--bind=127.0.0.1:8001" in sidecar["command"]
-    assert "--workers=1" in sidecar["command"]
+    command = sidecar["command"]
+    assert command[0] == "granian" and command[-1] == "controlplane.wsgi:application"
+    assert {"--host=127.0.0.1", "--port=8001", "--workers=1", "--interface=wsgi"} <= set(command)
+    assert "--blocking-threads=16" in command  # scheduler.extender.threads
     assert not sidecar.get("ports")
     env = env_of(sidecar)
     assert env["TESSERA_SERVE_EXTENDER"] == "1"

@@ -65,8 +65,8 @@ def test_the_running_control_plane_has_the_charts_settings(
     sidecar = _plain_env(container(rendered, "scheduler", "extender"))
     assert app["TESSERA_ENV"] == "production"  # so the chart's own mode is what runs
     started = cluster.state["components"]
-    components = [c for c in ("controlplane", "webhook", "celery") if c in started]
-    assert {"controlplane", "webhook"} <= set(components)
+    components = [c for c in ("controlplane", "webhook", "extender", "celery") if c in started]
+    assert {"controlplane", "webhook", "extender"} <= set(components)
     for component in components:
         running = _running_env(cluster, component)
         for name, value in {**app, **sidecar}.items():
@@ -109,7 +109,7 @@ def test_kube_scheduler_runs_the_charts_profile_and_extender(
     assert names == ["default-scheduler", *(p["schedulerName"] for p in chart["profiles"])]
     [extender] = running["extenders"]
     [wanted] = chart["extenders"]
-    assert extender["urlPrefix"] == cluster.controlplane_url + urlsplit(wanted["urlPrefix"]).path
+    assert extender["urlPrefix"] == cluster.extender_url + urlsplit(wanted["urlPrefix"]).path
     for key in ("filterVerb", "prioritizeVerb", "bindVerb", "weight", "nodeCacheCapable",
                 "ignorable", "enableHTTPS"):  # fmt: skip
         # /configz leaves out fields at their zero value (false)

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from e2e import objects
-from e2e.cluster import Cluster, HarnessError, Options, load_versions, processes_of_run
+from e2e.cluster import (
+    Cluster,
+    HarnessError,
+    Options,
+    deployed_extender_command,
+    load_versions,
+    processes_of_run,
+    sidecar_argv,
+)
 from tests.e2e.conftest import NODES, chart_values
 
 
@@ -18,7 +26,8 @@ def test_every_component_is_up_at_the_pinned_version(cluster: Cluster, kube: Any
     from kubernetes import client
 
     status = {line.split()[0]: line.split()[1] for line in cluster.status()}
-    for name in ("etcd", "kube-apiserver", "controlplane", "webhook", "kube-scheduler", "kwok"):
+    for name in ("etcd", "kube-apiserver", "controlplane", "webhook", "extender",
+                 "kube-scheduler", "kwok"):  # fmt: skip
         assert status.get(name) == "up", cluster.status()
     version = client.VersionApi(kube).get_code()
     assert version.git_version == load_versions()["KUBERNETES_VERSION"]
@@ -122,3 +131,31 @@ def test_a_component_that_dies_at_start_shows_its_log(
     message, _ = _failing_up(tmp_path, {**binaries, "kube-scheduler": dying})
     assert "kube-scheduler exited with code 3 before it was ready" in message
     assert "cannot load config, giving up" in message
+
+
+def test_the_extender_sidecar_runs_the_deployments_command(cluster: Cluster) -> None:
+    """kube-scheduler reaches Tessera through a process started with the sidecar's command of
+    the deployment (the chart's in chart mode), its listening address the one change."""
+    chart = cluster.options.chart
+    found = deployed_extender_command()
+    assert found is not None
+    wanted = list(chart.extender_command) if chart is not None else found[0]
+    running = Path(f"/proc/{cluster.state['components']['extender']['pid']}/cmdline")
+    argv = [a for a in running.read_bytes().decode().split("\0") if a and a != "--access-log"]
+    assert argv[1:3] == ["-m", Path(wanted[0]).name]
+    port = cluster.ports["extender"]
+    assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in wanted[1:]]
+    assert Path(wanted[0]).name == "granian"  # the server docs/extender.md measured
+
+
+def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None:
+    argv = sidecar_argv(["granian", "--host=0.0.0.0", "--port=8001", "app:application"], 9, "x")
+    assert argv[1:] == ["-m", "granian", "--host=127.0.0.1", "--port=9", "app:application"]
+    argv = sidecar_argv(["gunicorn", "app", "--bind=0.0.0.0:8001"], 9, "x")
+    assert argv[1:] == ["-m", "gunicorn", "app", "--bind=127.0.0.1:9"]
+    with pytest.raises(HarnessError, match="x: the command \\['uvicorn'\\] is not granian"):
+        sidecar_argv(["uvicorn", "--port=1", "app"], 9, "x")
+    with pytest.raises(HarnessError, match="x: --port without =value"):
+        sidecar_argv(["granian", "--port", "8001", "app"], 9, "x")
+    with pytest.raises(HarnessError, match="x: the command sets no --port= or --bind="):
+        sidecar_argv(["granian", "app"], 9, "x")

@@ -39,7 +39,7 @@ def test_sidecar_serves_the_extender_on_loopback_only_with_the_key_file() -> Non
     deployment = next(d for d in docs("scheduler/deployment.yaml") if d["kind"] == "Deployment")
     [sidecar] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "extender"]  # fmt: skip
-    assert "--bind=127.0.0.1:8001" in sidecar["command"]
+    assert {"--host=127.0.0.1", "--port=8001", "--workers=1"} <= set(sidecar["command"])
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert env["TESSERA_SERVE_EXTENDER"] == "1" and env["TESSERA_ENV"] == "production"
     assert env["TESSERA_ALLOCATION_KEY_FILE"]
