@@ -214,7 +214,9 @@ class Conn:
                 response = self.http.getresponse()
                 raw = response.read()
                 ms = (time.perf_counter() - start) * 1000
-                return ms, response.status, json.loads(raw), dict(response.getheaders())
+                # header names are case-insensitive (granian sends them lowercase)
+                headers = {k.lower(): v for k, v in response.getheaders()}
+                return ms, response.status, json.loads(raw), headers
             except (http.client.HTTPException, ConnectionError):
                 if attempt:
                     raise
@@ -311,7 +313,7 @@ def bench_bind(conn: Conn, names: list[str], n: int) -> tuple[list[float], list[
                     "Node": best(scores)}  # fmt: skip
             ms, status, result, headers = conn.post("/scheduler/bind", args)
             assert status == 200, result
-            api_ms = float(headers.get("X-Tessera-Apiserver-Ms", "0"))
+            api_ms = float(headers.get("x-tessera-apiserver-ms", "0"))
             own.append(ms - api_ms)
             apiserver.append(api_ms)
             if result == {"Error": ""}:
