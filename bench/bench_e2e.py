@@ -1,6 +1,7 @@
 """Scheduling at scale on a real cluster: kube-scheduler alone, with a no-op extender, with Tessera.
 
     .venv/bin/python bench/bench_e2e.py [--nodes 1000] [--cards 8] [--pods 5000] [--only a,b,c]
+                                        [--rounds 2]
 
 One harness cluster (e2e/cluster.py: etcd, kube-apiserver, kwok, the control plane) with
 `--nodes` kwok GPU nodes of `--cards` cards each, their inventory reported to Tessera. Then the
@@ -17,8 +18,14 @@ then the scheduler starts: pods / (last binding - scheduler start); creating pod
 slower than kube-scheduler, so pods created while it runs would measure the client), and
 latency, p50/p99 from a pod's creation (the create call returning) to its binding (seen on a
 watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs. Then the ratios
-(c)/(b) and (c)/(a) of throughput. Each set-up gets a fresh namespace; (a) and (b)'s pods are
-deleted before the next set-up, so each starts on empty nodes.
+(c)/(b) and (c)/(a) of throughput. Each set-up gets a fresh namespace; a set-up's pods are
+deleted (and the cluster left to settle) before the next one, so each starts on empty nodes.
+
+`--rounds` (default 2) splits each set-up's pods into that many backlogs (and paced streams),
+run in the order a b c, then c b a, and so on; a set-up's throughput is all its backlog pods
+over all its backlog time. The machine's speed drifts over a run of several minutes (on a shared
+machine by a fifth between one set-up and the next), and the mirrored order gives every set-up
+the same share of early and late. `--rounds 1` runs each set-up once, as before.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +61,38 @@ class Result:
     p50_ms: float
     p99_ms: float
     throughput: float
+    latencies: list[float] = field(default_factory=list)  # the paced stream's, sorted
 
     @property
     def pods_per_s(self) -> float:
         return self.throughput
+
+
+def _percentiles(latencies: list[float]) -> tuple[float, float]:
+    if not latencies:
+        return 0.0, 0.0
+    return statistics.median(latencies), latencies[
+        min(len(latencies) - 1, int(len(latencies) * 0.99))
+    ]
+
+
+def combine(label: str, rounds: list[Result]) -> Result:
+    """One set-up's rounds as one result: all its backlog pods over all its backlog time, the
+    percentiles of all its paced pods."""
+    latencies = sorted(ms for r in rounds for ms in r.latencies)
+    p50, p99 = _percentiles(latencies)
+    seconds = sum(r.seconds for r in rounds)
+    backlog = sum(r.throughput * r.seconds for r in rounds)  # the backlog pods bound
+    return Result(
+        label=label,
+        pods=sum(r.pods for r in rounds),
+        bound=sum(r.bound for r in rounds),
+        seconds=seconds,
+        p50_ms=p50,
+        p99_ms=p99,
+        throughput=backlog / seconds if seconds > 0 else 0.0,
+        latencies=latencies,
+    )
 
 
 class Api:
@@ -250,7 +285,7 @@ def scheduler_attempts(cluster: Cluster) -> str:
 
 
 def run_phase(
-    key: str,
+    namespace: str,
     label: str,
     cluster: Cluster,
     api: Api,
@@ -270,7 +305,6 @@ def run_phase(
     runs; p50/p99 of creation (the create call returning) to binding (seen on a watch).
     """
     cluster.stop_component("kube-scheduler")
-    namespace = f"bench-{key}"
     api.post("/api/v1/namespaces", objects.namespace(namespace, webhook=webhook))
     api.post(
         f"/api/v1/namespaces/{namespace}/serviceaccounts",
@@ -330,17 +364,19 @@ def run_phase(
     latencies = sorted(
         max(0.0, bound[n] - created[n]) * 1000 for n in stream if n in bound and n in created
     )
+    p50, p99 = _percentiles(latencies)
     result = Result(
         label=label,
         pods=pods + count,
         bound=len(done) + len(latencies),
         seconds=last - start,
-        p50_ms=statistics.median(latencies) if latencies else 0.0,
-        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0,
+        p50_ms=p50,
+        p99_ms=p99,
         throughput=len(done) / (last - start) if last > start else 0.0,
+        latencies=latencies,
     )
     print(
-        f"{label:32} {len(done):5d}/{pods} bound at {result.pods_per_s:7.1f} pods/s   "
+        f"{label:36} {len(done):5d}/{pods} bound at {result.pods_per_s:7.1f} pods/s   "
         f"{len(latencies):4d}/{count} at {rate:g}/s: p50 {result.p50_ms:7.0f} ms, "
         f"p99 {result.p99_ms:7.0f} ms",
         flush=True,
@@ -371,13 +407,27 @@ def run_phase(
     return result
 
 
-def clean_up(api: Api, key: str, timeout: float, workers: int) -> None:
+def settle(cluster: Cluster, timeout: float = 180) -> None:
+    """Wait until the harness's processes are idle again (kwok has finished the deleted pods,
+    the reconciler has released their slices), so the next set-up's backlog pays for none of
+    the last one's clean-up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_by_process(cluster)
+        time.sleep(2)
+        spent = cpu_spent(before, cpu_by_process(cluster))
+        busy = sum(t for name, t in spent.items() if name not in ("machine", "other"))
+        if busy < 0.3:  # under 0.15 cores
+            return
+    print(f"  (the cluster was still busy {timeout:.0f} s after the clean-up)", flush=True)
+
+
+def clean_up(api: Api, namespace: str, timeout: float, workers: int) -> None:
     """Delete a phase's pods (kwok finishes them) so the next phase starts on empty nodes.
 
     One DELETE per pod from a thread pool: a single delete-collection of thousands of pods runs
     past the API server's request timeout and stops part-way.
     """
-    namespace = f"bench-{key}"
 
     def delete(name: str) -> None:
         resp = api.session().delete(
@@ -445,6 +495,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--only", default="a,b,c", help="phases to run, e.g. a,c")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="split each set-up's pods into this many backlogs, run in the order a b c, then "
+        "c b a, ...: the machine's speed drifts over a run, and the mirrored order gives every "
+        "set-up the same share of early and late",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", ""),
         help="a PostgreSQL server for the control plane (a scratch database is made on it and "
@@ -476,7 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_e2e: the cluster did not come up: {exc}", file=sys.stderr)
         scratch.drop()
         return 1
-    results: dict[str, Result] = {}
+    rounds = max(1, args.rounds)
+    by_key: dict[str, list[Result]] = {}
+    labels: dict[str, str] = {}
     try:
         api = Api(cluster)
         setup_nodes(cluster, api, args.nodes, args.cards, args.workers)
@@ -485,30 +545,50 @@ def main(argv: list[str] | None = None) -> int:
             ("b", "(b) + no-op extender", None, False),
             ("c", "(c) + Tessera extender", "tessera", bool(cluster.state["webhook_registered"])),
         ]
-        for key, label, extender, webhook in plan:
-            if key not in phases:
-                continue
+        schedule = [
+            (r, *phase)
+            for r in range(rounds)
+            for phase in (plan if r % 2 == 0 else plan[::-1])
+            if phase[0] in phases
+        ]
+        noop = ""
+        for i, (r, key, label, extender, webhook) in enumerate(schedule):
             if extender is None:
-                extender = cluster.start_noop_extender() if key == "b" else extender
-            results[key] = run_phase(
-                key,
-                label,
+                noop = noop or cluster.start_noop_extender()
+                extender = noop
+            labels[key] = label
+            namespace = f"bench-{key}" if rounds == 1 else f"bench-{key}-{r + 1}"
+            result = run_phase(
+                namespace,
+                label if rounds == 1 else f"{label} {r + 1}/{rounds}",
                 cluster,
                 api,
                 str(extender),
-                args.pods,
-                (args.paced, args.rate),
+                args.pods // rounds,
+                (args.paced // rounds, args.rate),
                 args.workers,
                 args.timeout,
                 webhook,
             )
-            if key != "c":
-                clean_up(api, key, args.timeout, args.workers)
-            else:
+            by_key.setdefault(key, []).append(result)
+            if key == "c" and not any(k == "c" for _, k, *_ in schedule[i + 1 :]):
                 print_extender_times(cluster)
+            if i < len(schedule) - 1:
+                clean_up(api, namespace, args.timeout, args.workers)
+                settle(cluster)
     finally:
         cluster.down()
         scratch.drop()
+    results = {key: combine(labels[key], runs) for key, runs in by_key.items()}
+    if rounds > 1:
+        print(f"# each set-up over its {rounds} rounds:")
+        for result in results.values():
+            print(
+                f"{result.label:36} {result.bound:5d}/{result.pods} bound, backlogs at "
+                f"{result.pods_per_s:7.1f} pods/s; at {args.rate:g}/s: "
+                f"p50 {result.p50_ms:7.0f} ms, p99 {result.p99_ms:7.0f} ms",
+                flush=True,
+            )
     a, b, c = (results.get(k) for k in "abc")
     if c and b and b.pods_per_s:
         verdict = "meets" if c.pods_per_s >= 0.8 * b.pods_per_s else "MISSES"
