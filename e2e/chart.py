@@ -181,14 +181,14 @@ def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _extender_command(docs: list[dict[str, Any]]) -> tuple[str, ...]:
     """The command and args of the scheduler Deployment's `extender` container."""
-    for doc in docs:
-        if doc.get("kind") != "Deployment" or _component(doc) != "scheduler":
-            continue
-        for container in _pod_spec(doc).get("containers") or []:
-            if container.get("name") == "extender" and container.get("command"):
-                argv = [*container["command"], *(container.get("args") or [])]
-                return tuple(str(a) for a in argv)
-    raise ChartError("the rendered chart's scheduler Deployment has no extender container command")
+    from e2e.cluster import extender_command_in
+
+    argv = extender_command_in([d for d in docs if _component(d) == "scheduler"])
+    if argv is None:
+        raise ChartError(
+            "the rendered chart's scheduler Deployment has no extender container command"
+        )
+    return tuple(argv)
 
 
 def _only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -1207,24 +1207,28 @@ def deployed_scheduler_config() -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def deployed_extender_command() -> tuple[list[str], str] | None:
-    """The extender sidecar's command (and args) in deploy/scheduler/deployment.yaml."""
-    import yaml
-
-    path = ROOT / "deploy" / "scheduler" / "deployment.yaml"
-    try:
-        docs = list(yaml.safe_load_all(path.read_text()))
-    except (OSError, yaml.YAMLError):
-        return None
+def extender_command_in(docs: Sequence[Any]) -> list[str] | None:
+    """The command (and args) of the first Deployment container named `extender` in `docs`."""
     for doc in docs:
         if not isinstance(doc, dict) or doc.get("kind") != "Deployment":
             continue
         spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
         for container in spec.get("containers") or []:
             if container.get("name") == "extender" and container.get("command"):
-                argv = [str(a) for a in [*container["command"], *(container.get("args") or [])]]
-                return argv, f"{path.relative_to(ROOT)}: the extender container"
+                return [str(a) for a in [*container["command"], *(container.get("args") or [])]]
     return None
+
+
+def deployed_extender_command() -> tuple[list[str], str] | None:
+    """The extender sidecar's command (and args) in deploy/scheduler/deployment.yaml."""
+    import yaml
+
+    path = ROOT / "deploy" / "scheduler" / "deployment.yaml"
+    try:
+        argv = extender_command_in(list(yaml.safe_load_all(path.read_text())))
+    except (OSError, yaml.YAMLError):
+        return None
+    return (argv, f"{path.relative_to(ROOT)}: the extender container") if argv else None
 
 
 def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
