@@ -61,6 +61,7 @@ class Result:
     p50_ms: float
     p99_ms: float
     throughput: float
+    backlog_bound: int = 0  # of the backlog's pods (`bound` counts the paced ones too)
     latencies: list[float] = field(default_factory=list)  # the paced stream's, sorted
 
     @property
@@ -82,7 +83,7 @@ def combine(label: str, rounds: list[Result]) -> Result:
     latencies = sorted(ms for r in rounds for ms in r.latencies)
     p50, p99 = _percentiles(latencies)
     seconds = sum(r.seconds for r in rounds)
-    backlog = sum(r.throughput * r.seconds for r in rounds)  # the backlog pods bound
+    backlog = sum(r.backlog_bound for r in rounds)
     return Result(
         label=label,
         pods=sum(r.pods for r in rounds),
@@ -91,6 +92,7 @@ def combine(label: str, rounds: list[Result]) -> Result:
         p50_ms=p50,
         p99_ms=p99,
         throughput=backlog / seconds if seconds > 0 else 0.0,
+        backlog_bound=backlog,
         latencies=latencies,
     )
 
@@ -373,6 +375,7 @@ def run_phase(
         p50_ms=p50,
         p99_ms=p99,
         throughput=len(done) / (last - start) if last > start else 0.0,
+        backlog_bound=len(done),
         latencies=latencies,
     )
     print(

@@ -8,8 +8,9 @@ connection wrappers sit in reference cycles, which only the garbage collector's 
 frees, and an idle process may not run one for a long time. Every idle spell would leak up to a
 thread pool's worth of PostgreSQL connections.
 
-`close_with_thread()`, called after each request, ties the thread's open connections to a
-thread-local sentinel. A thread's locals are freed when it ends; the sentinel then closes the
+`close_with_thread()` ties the thread's open connections to a thread-local sentinel;
+`ClosedWithThread` wraps a WSGI application to call it after every request
+(controlplane/wsgi.py). A thread's locals are freed when it ends; the sentinel then closes the
 driver connections it holds, at once and in the ending thread itself.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import connections
@@ -50,3 +52,16 @@ def close_with_thread() -> None:
         sentinel = _local.sentinel = _CloseAtThreadEnd()
     for wrapper in connections.all(initialized_only=True):
         sentinel.wrappers[wrapper.alias] = wrapper
+
+
+class ClosedWithThread:
+    """WSGI middleware: after every request, `close_with_thread()` on the thread that served it."""
+
+    def __init__(self, application: Callable[..., Iterable[bytes]]) -> None:
+        self.application = application
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        try:
+            return self.application(environ, start_response)
+        finally:
+            close_with_thread()

@@ -10,9 +10,6 @@ functions the URLconf names (so the same guards answer: extender served here, lo
 POST, body limit), everything else to Django unchanged. It does the part of Django's request
 cycle that matters to them: database connections past their age or broken are closed after the
 request, as `request_finished` would.
-
-Every request, through here or through Django, ties the thread's database connections to the
-thread's life (`controlplane.threadconns`): the sidecar's app server ends idle threads.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.db import close_old_connections
 
 from controlplane.extender.urls import urlpatterns
-from controlplane.threadconns import close_with_thread
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +45,7 @@ class ExtenderFastPath:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         view = ROUTES.get(environ.get("PATH_INFO", ""))
         if view is None or environ.get("SCRIPT_NAME"):
-            try:
-                return self.application(environ, start_response)
-            finally:
-                close_with_thread()
+            return self.application(environ, start_response)
         try:
             response = view(WSGIRequest(environ))
         except Exception:  # the views answer their own errors; this is a bug in between
@@ -64,7 +57,6 @@ class ExtenderFastPath:
             return [_FAILED]
         finally:
             close_old_connections()
-            close_with_thread()
         content = response.content
         headers = [
             *response.items(),

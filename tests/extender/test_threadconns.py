@@ -63,3 +63,21 @@ def test_repeated_calls_keep_one_sentinel_per_thread() -> None:
 
     sentinel = threadconns._local.sentinel
     assert set(sentinel.wrappers) == {w.alias for w in connections.all(initialized_only=True)}
+
+
+def test_the_production_application_ties_every_requests_connections_to_its_thread() -> None:
+    from controlplane import threadconns
+    from tests.extender.test_fastpath import call
+
+    seen: dict[str, Any] = {}
+
+    def work() -> None:
+        seen["status"] = call("/readyz", method="GET")[0]  # through Django, not the fast path
+        sentinel = getattr(threadconns._local, "sentinel", None)
+        seen["tied"] = set(sentinel.wrappers) if sentinel is not None else set()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen["status"].startswith("200")
+    assert "default" in seen["tied"]
