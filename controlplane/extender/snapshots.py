@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -69,8 +70,10 @@ class SnapshotCache:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._cards = 0  # cards in the snapshot, to notice deletions
-        self._synced_at = 0.0  # monotonic time of the last refresh
-        self._full_at = 0.0  # monotonic time of the last full rebuild
+        self._synced_at = -math.inf  # monotonic time of the last refresh (-inf: never)
+        # monotonic time of the last full rebuild; -inf: due now (not 0.0: the monotonic clock
+        # starts near zero at boot, so for FULL_REFRESH_S after it 0.0 would not be due)
+        self._full_at = -math.inf
         self._cursor: datetime | None = None  # wall time the last refresh started reading
         self._dirty: set[str] = set()
         self._read_at: dict[str, float] = {}  # node -> monotonic start of the read now installed
@@ -204,7 +207,7 @@ class SnapshotCache:
                 self._quotas = read.quotas or {}
                 node_count, card_count = read.counts or (0, 0)
                 if node_count < len(self._snapshot.nodes) or card_count < self._cards:
-                    self._full_at = 0.0  # rows were deleted: only a rebuild drops them
+                    self._full_at = -math.inf  # rows were deleted: only a rebuild drops them
             self.refreshes += 1
         if read.incremental and not self.background and self._full_due():
             full = self._read_full()

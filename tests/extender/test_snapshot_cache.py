@@ -169,3 +169,20 @@ def test_passes_skip_own_held_binds_and_reread_every_other_change(
 
     Node.objects.filter(name="n2").update(cordoned=True, updated_at=timezone.now())
     assert next_pass() == {"n2"}  # the node row itself
+
+
+def test_a_deleted_node_goes_even_in_the_first_minutes_after_boot(client, cached, monkeypatch):
+    """The monotonic clock starts near zero at boot: "rebuild now" must not be the time 0.0,
+    which is not yet FULL_REFRESH_S in the past during a node's first ten minutes."""
+    real = time.monotonic
+    offset = real() - 30.0  # as if booted 30 s ago
+    monkeypatch.setattr(time, "monotonic", lambda: real() - offset)
+    snapshot_cache.clear()
+    make_node("n1", cards=1, memory_mib=10000)
+    make_node("n2", cards=1, memory_mib=10000)
+    assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1", "n2"]
+    Node.objects.get(name="n2").cards.all().delete()
+    Node.objects.filter(name="n2").delete()
+    time.sleep(0.25)
+    feasible(client, gpu_pod(), ["n1", "n2"])  # notices the deletion
+    assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1"]
