@@ -6,7 +6,15 @@ pending?", not allocation state: a process that dies loses its last few queued e
 the next filter of those pods writes again. The queue is bounded; when it is full an entry is
 dropped (and counted), never the scheduler kept waiting.
 
-`TESSERA["DECISION_LOG_ASYNC"] = False` (the test settings) writes synchronously instead.
+A feasible decision is held back for `HOLD_S` first: nearly every such pod is bound within
+milliseconds, and then the log has nothing to say that the binding does not ("why" answers from
+the binding). Bind's success drops the held decision unwritten and marks the pod's row, when it
+has one from an earlier filter, `bound` (one statement per batch, not one per pod); a pod still
+unbound when the hold ends gets its feasible decision written. Unschedulable and invalid
+decisions, and bind's failures, are written in the next batch as before.
+
+`TESSERA["DECISION_LOG_ASYNC"] = False` (the test settings) writes synchronously instead, with
+no hold.
 """
 
 from __future__ import annotations
@@ -20,22 +28,29 @@ from django.conf import settings
 from django.db import connections
 
 from controlplane.extender import services
-from controlplane.extender.services import DecisionRecord
+from controlplane.extender.services import DecisionRecord, Outcome
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 10_000
-MAX_BATCH = 200
-BATCH_WINDOW_S = 0.05
+MAX_BATCH = 500
+BATCH_WINDOW_S = 0.2
+HOLD_S = 2.0
+MAX_HELD = 10_000
 IDLE_CLOSE_S = 30.0
+
+Item = tuple[str, object]
 
 
 class DecisionWriter:
     def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[str, object]] = queue.Queue(MAX_QUEUED)
+        self._queue: queue.Queue[Item] = queue.Queue(MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.dropped = 0
+        # The writer thread's own: feasible decisions held back, by pod UID, with when their
+        # hold ends (insertion order is due order: every hold is HOLD_S long).
+        self._held: dict[str, tuple[DecisionRecord, float]] = {}
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -48,7 +63,7 @@ class DecisionWriter:
 
     def submit(self, kind: str, item: object) -> None:
         if not settings.TESSERA.get("DECISION_LOG_ASYNC", True):
-            self._write([(kind, item)])
+            self._write([(kind, item)], hold=False)
             return
         self._ensure_thread()
         try:
@@ -58,65 +73,118 @@ class DecisionWriter:
             log.warning("decision log queue full: %d entries dropped so far", self.dropped)
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Wait until everything queued so far is written (tests, shutdown)."""
+        """Wait until everything queued so far is written, held decisions included (tests,
+        shutdown)."""
         done = threading.Event()
         self.submit("flush", done)
         if settings.TESSERA.get("DECISION_LOG_ASYNC", True):
             done.wait(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Write what is queued, close the thread's database connection and end the thread (the
-        next submit starts a new one)."""
+        """Write what is queued and held, close the thread's database connection and end the
+        thread (the next submit starts a new one)."""
         thread = self._thread
         if thread is None or not thread.is_alive():
             return
         self._queue.put(("stop", None))
         thread.join(timeout)
 
-    @staticmethod
-    def _write(batch: list[tuple[str, object]]) -> None:
+    def _write(self, batch: list[Item], *, hold: bool) -> None:
+        """Write a batch in order. With `hold`, feasible decisions wait in `_held` instead."""
         decisions: list[DecisionRecord] = []
+        bound: dict[str, None] = {}  # pod UIDs bound in this batch, in order
+        held = self._held if hold else {}
         for kind, item in batch:
             if kind == "decision":
-                decisions.append(item)  # type: ignore[arg-type]
+                record: DecisionRecord = item  # type: ignore[assignment]
+                uid = record.pod_uid
+                bound.pop(uid, None)
+                held.pop(uid, None)
+                if hold and record.outcome == Outcome.FEASIBLE:
+                    held[uid] = (record, time.monotonic() + HOLD_S)
+                else:
+                    decisions.append(record)
+            elif kind == "bound":
+                uid = item  # type: ignore[assignment]
+                # Bound at once: the held decision says nothing the binding does not.
+                held.pop(uid, None)  # type: ignore[call-overload]
+                bound[uid] = None  # type: ignore[index]
             elif kind == "bind":
                 # keep the order: decisions queued before this outcome land first
-                services.record_decisions(decisions)
-                decisions = []
+                waiting = held.pop(item[0], None)  # type: ignore[index]
+                if waiting is not None:
+                    decisions.append(waiting[0])
+                self._settle(decisions, bound)
                 services.record_bind_outcome(*item)  # type: ignore[misc]
             elif kind == "flush":
-                services.record_decisions(decisions)
-                decisions = []
+                decisions.extend(record for record, _ in held.values())
+                held.clear()
+                self._settle(decisions, bound)
                 item.set()  # type: ignore[attr-defined]
+        while len(held) > MAX_HELD:  # a flood of unbound pods: write the oldest now
+            decisions.append(held.pop(next(iter(held)))[0])
+        self._settle(decisions, bound)
+
+    @staticmethod
+    def _settle(decisions: list[DecisionRecord], bound: dict[str, None]) -> None:
         services.record_decisions(decisions)
+        services.mark_bound(list(bound))
+        decisions.clear()
+        bound.clear()
+
+    def _release_due(self, now: float) -> list[DecisionRecord]:
+        """Held decisions whose hold has ended (their pods are still unbound)."""
+        due = []
+        for uid, (_record, until) in self._held.items():
+            if until > now:
+                break
+            due.append(uid)
+        return [self._held.pop(uid)[0] for uid in due]
+
+    def _next_wait(self) -> float:
+        if not self._held:
+            return IDLE_CLOSE_S
+        first = next(iter(self._held.values()))[1]
+        return min(max(first - time.monotonic(), 0.0), IDLE_CLOSE_S)
+
+    def _gather(self) -> list[Item] | None:
+        """The next batch: what arrives within BATCH_WINDOW_S of the first entry; [] when a
+        hold ends first; None when the writer was idle for IDLE_CLOSE_S."""
+        try:
+            first = self._queue.get(timeout=self._next_wait())
+        except queue.Empty:
+            return [] if self._held else None
+        # Gather what arrives for a moment: one upsert of many rows costs about what one
+        # of a single row does (a burst of filters would otherwise write row by row).
+        batch = [first]
+        until = time.monotonic() + BATCH_WINDOW_S
+        while len(batch) < MAX_BATCH and first[0] not in ("flush", "stop"):
+            try:
+                batch.append(self._queue.get(timeout=max(until - time.monotonic(), 0)))
+            except queue.Empty:
+                break
+            if batch[-1][0] in ("flush", "stop"):
+                break
+        return batch
 
     def _run(self) -> None:
         while True:
-            try:
-                first = self._queue.get(timeout=IDLE_CLOSE_S)
-            except queue.Empty:
+            batch = self._gather()
+            if batch is None:
                 connections.close_all()  # idle: give the connection back
                 continue
-            if first[0] == "stop":
-                connections.close_all()
-                return
-            # Gather what arrives for a moment: one upsert of many rows costs about what one
-            # of a single row does (a burst of filters would otherwise write row by row).
-            batch = [first]
-            until = time.monotonic() + BATCH_WINDOW_S
-            while len(batch) < MAX_BATCH and first[0] != "flush":
-                try:
-                    batch.append(self._queue.get(timeout=max(until - time.monotonic(), 0)))
-                except queue.Empty:
-                    break
-                if batch[-1][0] in ("flush", "stop"):
-                    break
             stopping = any(kind == "stop" for kind, _ in batch)
+            work = [item for item in batch if item[0] != "stop"]
+            if stopping:
+                work.append(("flush", threading.Event()))  # what is held is written too
             try:
-                self._write([item for item in batch if item[0] != "stop"])
+                self._write(work, hold=True)
+                due = self._release_due(time.monotonic())
+                if due:
+                    services.record_decisions(due)
             except Exception:  # diagnostics only: log, drop this batch, keep serving
-                log.exception("writing %d decision log entries failed", len(batch))
-                for kind, item in batch:
+                log.exception("writing %d decision log entries failed", len(work))
+                for kind, item in work:
                     if kind == "flush":
                         item.set()  # type: ignore[attr-defined]
                 connections.close_all()
@@ -134,5 +202,11 @@ def record(decision: DecisionRecord) -> None:
 
 
 def record_bind(pod_uid: str, namespace: str, name: str, outcome: str, summary: str) -> None:
-    """Queue what bind did to the pod's latest decision."""
+    """Queue what bind did to the pod's latest decision (a failure: success is `record_bound`)."""
     writer.submit("bind", (pod_uid, namespace, name, outcome, summary))
+
+
+def record_bound(pod_uid: str) -> None:
+    """Queue that bind placed the pod: its held decision is dropped, its row (if an earlier
+    filter wrote one) says `bound`."""
+    writer.submit("bound", pod_uid)

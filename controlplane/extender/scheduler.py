@@ -21,6 +21,7 @@ from controlplane.extender import selectors as ext_selectors
 from controlplane.extender import signing, why
 from controlplane.extender.decisions import record as record_decision
 from controlplane.extender.decisions import record_bind as record_bind_outcome
+from controlplane.extender.decisions import record_bound
 from controlplane.extender.services import DecisionRecord, Outcome
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
@@ -404,5 +405,6 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         raise BindFailed(message, "apiserver_error")
 
     binding = services.confirm_binding(args.pod_uid, binding)
-    # No decision-log write on success: "why" reads the binding itself (fewer round trips).
+    # "why" reads the binding itself: the filter's held decision is dropped unwritten.
+    record_bound(args.pod_uid)
     return BindAnswer("bound", binding)

@@ -78,6 +78,19 @@ def record_decisions(records: Sequence[DecisionRecord]) -> None:
     ledger_sql.upsert_decisions([_bounded(r) for r in latest.values()])
 
 
+def mark_bound(pod_uids: Sequence[str]) -> None:
+    """Bind placed these pods: their decision rows, where earlier filters wrote one, say
+    `bound` (one statement; most bound pods have no row, their feasible decision was never
+    written)."""
+    if not pod_uids:
+        return
+    with transaction.atomic():
+        _diagnostic_commit()
+        SchedulingDecision.objects.filter(pod_uid__in=[u[:64] for u in pod_uids]).exclude(
+            outcome=Outcome.BOUND
+        ).update(outcome=Outcome.BOUND)
+
+
 @transaction.atomic
 def record_bind_outcome(
     pod_uid: str, namespace: str, name: str, outcome: str, summary: str

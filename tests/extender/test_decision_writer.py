@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from controlplane.access.roles import Role
 from controlplane.extender import decisions
 from controlplane.ledger.models import SchedulingDecision
-from tests.builders import make_node
-from tests.extender.builders import filter_args, gpu_pod
+from tests.builders import make_node, token_client
+from tests.extender.builders import bind_args, filter_args, gpu_pod
 from tests.extender.conftest import post
 
 
@@ -29,3 +32,78 @@ def test_async_writer_writes_every_outcome_in_order(client, settings) -> None:
     assert decisions.writer.dropped == 0
     decisions.writer.stop()
     assert decisions.writer._thread is not None and not decisions.writer._thread.is_alive()
+
+
+@pytest.fixture
+def async_log(settings):
+    settings.TESSERA = {**settings.TESSERA, "DECISION_LOG_ASYNC": True}
+    yield
+    decisions.writer.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pod_bound_at_once_leaves_no_feasible_row_and_why_answers_from_the_binding(
+    client, async_log, fake_kube
+) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod("p"))
+    assert post(client, "/scheduler/filter", filter_args(pod, ["n1"])).json()["NodeNames"] == ["n1"]
+    assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}
+    decisions.writer.flush()
+    assert not SchedulingDecision.objects.filter(pod_uid="uid-default-p").exists()
+    body = token_client("vera", Role.VIEWER).get("/api/v1/pods/default/p/why").json()
+    assert body["outcome"] == "bound" and body["summary"] == "bound on node n1, cards GPU-n1-0."
+    assert body["binding"] == {"phase": "bound", "node": "n1", "pod_uid": "uid-default-p"}
+    assert body["nodes_considered"] is None and body["reason_counts"] == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_feasible_pod_left_unbound_is_written_when_its_hold_ends(
+    client, async_log, monkeypatch
+) -> None:
+    monkeypatch.setattr(decisions, "HOLD_S", 0.3)
+    make_node("n1", cards=1, memory_mib=10000)
+    post(client, "/scheduler/filter", filter_args(gpu_pod("waits"), ["n1"]))
+    time.sleep(0.1)
+    assert not SchedulingDecision.objects.filter(pod_uid="uid-default-waits").exists()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # no flush: the hold's end alone writes it
+        row = SchedulingDecision.objects.filter(pod_uid="uid-default-waits").first()
+        if row is not None:
+            break
+        time.sleep(0.05)
+    assert row is not None and row.outcome == "feasible" and row.feasible_nodes == ["n1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unschedulable_row_says_bound_once_the_pod_binds(client, async_log, fake_kube) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod("late", mem=20000))
+    assert post(client, "/scheduler/filter", filter_args(pod, ["n1"])).json()["NodeNames"] == []
+    decisions.writer.flush()
+    assert SchedulingDecision.objects.get(pod_uid="uid-default-late").outcome == "unschedulable"
+    fits = fake_kube.add(gpu_pod("late", mem=4000))  # room now (same UID: the builder's)
+    assert post(client, "/scheduler/filter", filter_args(fits, ["n1"])).json()["NodeNames"]
+    assert post(client, "/scheduler/bind", bind_args(fits, "n1")).json() == {"Error": ""}
+    decisions.writer.flush()
+    row = SchedulingDecision.objects.get(pod_uid="uid-default-late")
+    # no longer counted as unschedulable (the dashboard's count), even after the pod ends
+    assert row.outcome == "bound" and "20000" in row.summary
+    body = token_client("vera", Role.VIEWER).get("/api/v1/pods/default/late/why").json()
+    assert body["outcome"] == "bound" and body["summary"].startswith(
+        "bound on node n1, cards GPU-n1-0. Before that: 0 of 1 node"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_bind_writes_the_held_decision_then_the_failure(client, async_log) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    post(client, "/scheduler/filter", filter_args(gpu_pod("f"), ["n1"]))
+    decisions.record_bind("uid-default-f", "default", "f", "bind_failed", "refused: gone")
+    decisions.writer.flush()
+    row = SchedulingDecision.objects.get(pod_uid="uid-default-f")
+    assert (row.outcome, row.summary, row.feasible_nodes) == (
+        "bind_failed",
+        "refused: gone",
+        ["n1"],
+    )
