@@ -317,7 +317,8 @@ def _reserve(request: PodRequest, node_name: str) -> PodBinding:
             "created_at": now,
             "updated_at": now,
         }
-        binding_id = sql.insert_binding(values, _slice_rows(placed, card_ids))
+        # The reservation's last statement: its COMMIT rides in the same round trip.
+        binding_id = sql.insert_binding(values, _slice_rows(placed, card_ids), commit=True)
         binding = rawsql.loaded(PodBinding(pk=binding_id, **{**values, "node": node_row}))
     # What was just written, for the caller that signs the allocation (saves it a re-read).
     card_index = {c.uuid: c.index for c in state.cards}

@@ -9,6 +9,7 @@ Only the selectors and services of this app call these functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
@@ -274,12 +275,24 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
     )
 
 
-def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
+def insert_binding(
+    values: dict[str, Any], slices: Sequence[tuple[Any, ...]], *, commit: bool = False
+) -> int:
     """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
     ((card id, container name, container index, init, memory MiB, compute percent) each); the
-    binding's new id. One round trip on PostgreSQL: the slices find their binding by its pod
-    UID, so they need not wait for the id."""
+    binding's new id.
+
+    On PostgreSQL one statement (the slices take their binding's id from the binding INSERT's
+    RETURNING, in a CTE) and, with `commit`, the transaction's COMMIT in the same round trip
+    (`rawsql.fetch_in_order`: the last statement of the outermost atomic block)."""
     params = [rawsql.db_value(PodBinding, f, values[f]) for f in BINDING_INSERT]
+    if slices and connection.vendor == "postgresql":
+        statement = _binding_with_slices(len(slices))
+        stamp = connection.ops.adapt_datetimefield_value(values["created_at"])
+        params.append(stamp)
+        for row in slices:
+            params.extend(row)
+        return int(rawsql.fetch_in_order([(statement, params)], commit=commit)[0][0][0])
     if not connection.features.can_return_columns_from_insert:
         binding_id = rawsql.insert_returning_id(
             _sql("insert_binding"), params, column(PodBinding, "id")
@@ -292,6 +305,20 @@ def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) ->
         statements.append(_slices_insert(_sql("binding_of_uid"), values["pod_uid"], slices,
                                          values["created_at"]))  # fmt: skip
     return int(rawsql.fetch_in_order(statements)[0][0][0])
+
+
+@functools.cache
+def _binding_with_slices(n: int) -> str:
+    """PostgreSQL: the binding INSERT and its `n` slices' INSERT as one statement."""
+    values = ", ".join([rawsql.placeholders(len(_SLICE_INSERT) - 3)] * n)
+    given = [f"c{i}" for i in range(len(_SLICE_INSERT) - 3)]  # card ... compute: from VALUES
+    return (
+        f"WITH b AS ({_sql('insert_binding')} RETURNING {column(PodBinding, 'id')}) "
+        f"INSERT INTO {table(Slice)} ({columns(Slice, _SLICE_INSERT)}) "
+        f"SELECT b.{column(PodBinding, 'id')}, {', '.join(f'v.{c}' for c in given)}, TRUE, %s "
+        f"FROM b, (VALUES {values}) AS v ({', '.join(given)}) "
+        f"RETURNING {column(Slice, 'binding')}"
+    )
 
 
 def insert_slices(binding_id: int, slices: Sequence[tuple[Any, ...]], now: datetime) -> None:

@@ -42,7 +42,10 @@ def test_reservations_prepare_their_statements_after_a_few_runs() -> None:
 
     prepared = _prepared()
     assert any("FOR UPDATE" in text and "ledger_node" in text for text in prepared), prepared
-    assert any(text.startswith("INSERT INTO") and "ledger_slice" in text for text in prepared)
+    # the binding and its slices: one statement
+    assert any(
+        text.startswith("WITH b AS (INSERT INTO") and "ledger_slice" in text for text in prepared
+    ), prepared
 
 
 def test_the_pipelined_reads_wait_for_the_node_lock_and_see_what_its_holder_wrote() -> None:
@@ -94,3 +97,62 @@ def test_an_error_inside_the_pipeline_is_djangos_and_leaves_the_connection_usabl
             [("SELECT 1", ()), ("INSERT INTO ledger_podbinding (pod_uid) VALUES ('twin')", ())]
         )
     assert rawsql.fetch("SELECT 2", ()) == [(2,)]
+
+
+def _seen_elsewhere(pod_uid: str) -> bool:
+    """Whether another connection sees the pod's binding (committed)."""
+    seen: list[bool] = []
+
+    def look() -> None:
+        try:
+            seen.append(bool(rawsql.fetch(
+                "SELECT 1 FROM ledger_podbinding WHERE pod_uid = %s", (pod_uid,)
+            )))  # fmt: skip
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(10)
+    return seen[0]
+
+
+def _insert(uid: str) -> tuple[str, tuple[str, ...]]:
+    return ("INSERT INTO ledger_podbinding (pod_uid, namespace, name, phase, reason, request, "
+            "created_at, updated_at) VALUES (%s, 'default', %s, 'reserved', '', '{}', now(), "
+            "now())", (uid, uid))  # fmt: skip
+
+
+def test_the_last_statements_of_the_outermost_block_carry_its_commit() -> None:
+    with transaction.atomic():
+        rawsql.fetch_in_order([_insert("early")], commit=True)
+        assert _seen_elsewhere("early")  # committed before the block ends
+    with transaction.atomic(), transaction.atomic():  # nested: the outer block commits
+        rawsql.fetch_in_order([_insert("nested")], commit=True)
+        assert not _seen_elsewhere("nested")
+    assert _seen_elsewhere("nested")
+    with transaction.atomic():
+        rawsql.fetch_in_order([_insert("plain")])
+        assert not _seen_elsewhere("plain")
+    assert rawsql.fetch("SELECT 2", ()) == [(2,)]
+
+
+def test_a_failed_statement_before_the_commit_commits_nothing() -> None:
+    from django.db import IntegrityError
+
+    rawsql.fetch_in_order([_insert("twin")])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rawsql.fetch_in_order([_insert("other"), _insert("twin")], commit=True)
+    assert not _seen_elsewhere("other")
+    assert rawsql.fetch("SELECT 2", ()) == [(2,)]
+
+
+def test_a_reservation_writes_its_binding_and_slices_in_one_statement() -> None:
+    make_node("n1", cards=2, memory_mib=80000)
+    pod = pod_json("two", containers=[gpu_container("main", mem=1000, gpus=2)])
+    pod["metadata"]["uid"] = "two"
+    binding = services.reserve_binding(parse_pod(pod), "n1")
+    rows = rawsql.fetch(
+        "SELECT binding_id, container_name, memory_mib, active FROM ledger_slice ORDER BY id", ()
+    )
+    assert rows == [(binding.pk, "main", 1000, True), (binding.pk, "main", 1000, True)]
