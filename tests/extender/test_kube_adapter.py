@@ -221,3 +221,117 @@ def test_real_client_delete_says_whether_the_pod_was_there(api_server) -> None:
         ("DELETE", "/api/v1/namespaces/default/pods/p"),
         ("DELETE", "/api/v1/namespaces/default/pods/gone"),
     ]
+
+
+# --- the lean request path (kube._LeanClient) ----------------------------------------------------
+
+
+class SeesAuth(KeepAliveApiServer):
+    """Keeps what each request carried for authentication, and closes its connection after
+    `close_after` requests (kube-apiserver ends idle keep-alive connections too)."""
+
+    seen: list[tuple[str | None, Any]] = []
+    close_after = 0
+
+    def do_POST(self) -> None:
+        peer = self.connection.getpeercert() if hasattr(self.connection, "getpeercert") else None
+        type(self).seen.append((self.headers.get("Authorization"), peer))
+        super().do_POST()
+        if type(self).close_after and len(type(self).seen) % type(self).close_after == 0:
+            self.close_connection = True
+
+
+@pytest.fixture
+def pki(tmp_path):
+    from e2e.cluster import make_certificates
+
+    make_certificates(tmp_path)
+    return tmp_path
+
+
+def _tls_server(pki, *, client_ca: bool) -> ThreadingHTTPServer:
+    import ssl
+
+    FakeApiServer.requests, FakeApiServer.binding_status = [], 201
+    SeesAuth.seen, SeesAuth.connections, SeesAuth.close_after = [], 0, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SeesAuth)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki / "apiserver.crt", pki / "apiserver.key")
+    if client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(pki / "ca.crt")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_binds_go_over_tls_with_the_configured_ca_client_cert_and_fresh_token(pki) -> None:
+    server = _tls_server(pki, client_ca=True)
+    try:
+        config = k8s.Configuration()
+        config.host = f"https://127.0.0.1:{server.server_address[1]}"
+        config.ssl_ca_cert, config.cert_file = str(pki / "ca.crt"), str(pki / "admin.crt")
+        config.key_file = str(pki / "admin.key")
+        tokens = iter(["t1", "t2", "t3"])
+
+        def rotate(cfg: k8s.Configuration) -> None:  # as in-cluster config re-reads its file
+            cfg.api_key["authorization"] = next(tokens)
+
+        config.api_key["authorization"], config.api_key_prefix["authorization"] = "t0", "Bearer"
+        config.refresh_api_key_hook = rotate
+        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        assert adapter._lean is not None
+        for i in range(3):
+            adapter.bind_pod("default", "p", f"uid-{i}", "n1", {})
+        assert [auth for auth, _ in SeesAuth.seen] == ["Bearer t1", "Bearer t2", "Bearer t3"]
+        assert SeesAuth.connections == 1  # one TLS handshake for all three
+        assert FakeApiServer.requests[-1][2]["metadata"]["uid"] == "uid-2"
+    finally:
+        server.shutdown()
+
+
+def test_a_server_the_ca_does_not_vouch_for_is_unreachable_and_nothing_was_sent(pki, tmp_path):
+    from e2e.cluster import make_certificates
+
+    server = _tls_server(pki, client_ca=False)
+    other = tmp_path / "other"
+    make_certificates(other)
+    try:
+        config = k8s.Configuration()
+        config.host = f"https://127.0.0.1:{server.server_address[1]}"
+        config.ssl_ca_cert = str(other / "ca.crt")
+        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        with pytest.raises(kube.KubeError) as err:
+            adapter.bind_pod("default", "p", "uid-1", "n1", {})
+        assert err.value.applied is False and "unreachable" in err.value.message
+        assert "CERTIFICATE_VERIFY_FAILED" in err.value.message
+        assert FakeApiServer.requests == []
+    finally:
+        server.shutdown()
+
+
+def test_a_connection_the_server_closed_is_replaced_before_the_next_bind() -> None:
+    FakeApiServer.requests, FakeApiServer.binding_status = [], 201
+    SeesAuth.seen, SeesAuth.connections, SeesAuth.close_after = [], 0, 2
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SeesAuth)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = k8s.Configuration()
+        config.host = f"http://127.0.0.1:{server.server_address[1]}"
+        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        for i in range(5):
+            adapter.bind_pod("default", "p", f"uid-{i}", "n1", {})  # no error on the stale one
+        assert len(FakeApiServer.requests) == 5 and SeesAuth.connections == 3
+    finally:
+        server.shutdown()
+
+
+def test_a_proxy_keeps_the_official_client_path() -> None:
+    config = k8s.Configuration()
+    config.host = "https://127.0.0.1:6443"
+    config.proxy = "http://127.0.0.1:3128"
+    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
+    config.proxy, config.tls_server_name = None, "kubernetes.default.svc"
+    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
+    config.tls_server_name = None
+    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is not None
