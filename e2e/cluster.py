@@ -319,6 +319,10 @@ class Options:
     # The webhook listener: the API server calls it for every pod create, in parallel.
     webhook_workers: int = 2
     webhook_threads: int = 4
+    # Seconds an idle webhook connection stays open: longer than the API server's 90 s idle
+    # timeout, as the chart's webhook container does (a shorter one races the API server's
+    # reuse of the connection and fails a pod create with "write: broken pipe").
+    webhook_keepalive_s: int = 120
     access_log: bool = True
     controlplane_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 90.0
@@ -790,6 +794,8 @@ class Cluster:
                 str(self.options.webhook_workers),
                 "--threads",
                 str(self.options.webhook_threads),
+                "--keep-alive",
+                str(self.options.webhook_keepalive_s),
             ],
             port_names=("webhook",),
             env=env,

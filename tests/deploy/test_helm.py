@@ -289,6 +289,28 @@ def test_app_server_probes_healthz_and_readyz() -> None:
     assert f"{RELEASE}-webhook.{NAMESPACE}.svc" in allowed
 
 
+# The API server's webhook client drops idle connections after 90 s (http.Transport defaults
+# that k8s.io/apimachinery/pkg/util/net applies); a server that closes them sooner races reuse.
+API_SERVER_IDLE_CONN_S = 90
+
+
+def _keepalive_s(command: list[str]) -> int:
+    values = [int(a.split("=", 1)[1]) for a in command if a.startswith("--keep-alive=")]
+    assert len(values) == 1, command
+    return values[0]
+
+
+def test_webhook_keeps_idle_connections_longer_than_the_api_server() -> None:
+    deploy = one(render(), "Deployment", f"{RELEASE}-controlplane")
+    webhook = next(c for c in containers(deploy) if c["name"] == "webhook")
+    assert webhook["command"][0] == "gunicorn"
+    assert _keepalive_s(webhook["command"]) > API_SERVER_IDLE_CONN_S
+    fragment = yaml.safe_load(
+        (Path(__file__).parents[2] / "deploy/webhook/controlplane-tls-args.yaml").read_text()
+    )
+    assert _keepalive_s(fragment["containers"][0]["command"]) > API_SERVER_IDLE_CONN_S
+
+
 def test_beat_is_a_single_replica_that_never_overlaps() -> None:
     for values in ALL_SETS:
         beat = one(render(*values), "Deployment", f"{RELEASE}-beat")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
+import ssl
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +149,28 @@ def test_the_extender_sidecar_runs_the_deployments_command(cluster: Cluster) -> 
     port = cluster.ports["extender"]
     assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in wanted[1:]]
     assert Path(wanted[0]).name == "granian"  # the server docs/extender.md measured
+
+
+def test_the_webhook_keeps_an_idle_connection_open(cluster: Cluster) -> None:
+    """The API server reuses idle webhook connections for up to 90 s; a listener that closed
+    them after gunicorn's default 2 s failed pod creates with "write: broken pipe"."""
+    context = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", cluster.ports["webhook"], context=context, timeout=10
+    )
+    sockets = []
+    try:
+        for pause in (0.0, 4.0):  # twice gunicorn's default keep-alive, then the same socket
+            time.sleep(pause)
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+            assert not resp.will_close
+            sockets.append(conn.sock)
+        assert sockets[0] is sockets[1]
+    finally:
+        conn.close()
 
 
 def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None:
