@@ -392,6 +392,10 @@ def check_burst(n_pods: int) -> dict[str, Any]:
 
     on_api = EmbeddedPod.objects.filter(name__startswith="burst-").exclude(node_name="").count()
     ledger = PodBinding.objects.filter(name__startswith="burst-", phase="bound")
+    # The sidecar confirms binds (reserved -> bound) in its writer's next batch, moments later.
+    settle = time.monotonic() + 5
+    while ledger.count() < on_api and time.monotonic() < settle:
+        time.sleep(0.1)
     per_pod = ledger.values("pod_uid").annotate(n=Count("slices", filter=Q(slices__active=True)))
     over = Card.objects.annotate(
         used=Sum("slices__memory_mib", filter=Q(slices__active=True)),

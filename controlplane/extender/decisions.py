@@ -1,4 +1,5 @@
-"""Off the hot path: the decision log is written by one background thread per process.
+"""Off the hot path: the decision log, and bind's confirmations, are written by one background
+thread per process.
 
 Filter answers the scheduler first; its decision (and bind's outcome) is queued here and written
 moments later, in batches, through `services.record_decisions`. The log is diagnostics for "why
@@ -13,6 +14,13 @@ has one from an earlier filter, `bound` (one statement per batch, not one per po
 unbound when the hold ends gets its feasible decision written. Unschedulable and invalid
 decisions, and bind's failures, are written in the next batch as before.
 
+Bind's confirmation (reserved -> bound, once the API server accepted the Binding) rides the
+same batches: one UPDATE for all the pods bound in a batch, before the decision rows, instead of
+a statement and a commit on every bind's path. A confirmation lost with its process (or its
+batch) leaves a reservation whose pod is bound: the reconciler confirms it, at the pod's next
+event once the reservation is older than its grace, or when the reservation's deadline passes
+(docs/extender.md).
+
 `TESSERA["DECISION_LOG_ASYNC"] = False` (the test settings) writes synchronously instead, with
 no hold.
 """
@@ -23,12 +31,14 @@ import logging
 import queue
 import threading
 import time
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connections
 
 from controlplane.extender import services
 from controlplane.extender.services import DecisionRecord, Outcome
+from controlplane.ledger import services as ledger_services
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +102,8 @@ class DecisionWriter:
     def _write(self, batch: list[Item], *, hold: bool) -> None:
         """Write a batch in order. With `hold`, feasible decisions wait in `_held` instead."""
         decisions: list[DecisionRecord] = []
-        bound: dict[str, None] = {}  # pod UIDs bound in this batch, in order
+        bound: dict[str, None] = {}  # pod UIDs bound in this batch, in order (their log rows)
+        confirms: list[tuple[str, datetime]] = []  # (pod UID, bound at): the ledger's
         held = self._held if hold else {}
         for kind, item in batch:
             if kind == "decision":
@@ -105,28 +116,36 @@ class DecisionWriter:
                 else:
                     decisions.append(record)
             elif kind == "bound":
-                uid = item  # type: ignore[assignment]
+                uid, at = item  # type: ignore[misc]
+                confirms.append((uid, at))
                 # Bound at once: the held decision says nothing the binding does not.
-                held.pop(uid, None)  # type: ignore[call-overload]
-                bound[uid] = None  # type: ignore[index]
+                held.pop(uid, None)
+                bound[uid] = None
             elif kind == "bind":
                 # keep the order: decisions queued before this outcome land first
                 waiting = held.pop(item[0], None)  # type: ignore[index]
                 if waiting is not None:
                     decisions.append(waiting[0])
-                self._settle(decisions, bound)
+                self._settle(decisions, bound, confirms)
                 services.record_bind_outcome(*item)  # type: ignore[misc]
             elif kind == "flush":
                 decisions.extend(record for record, _ in held.values())
                 held.clear()
-                self._settle(decisions, bound)
+                self._settle(decisions, bound, confirms)
                 item.set()  # type: ignore[attr-defined]
         while len(held) > MAX_HELD:  # a flood of unbound pods: write the oldest now
             decisions.append(held.pop(next(iter(held)))[0])
-        self._settle(decisions, bound)
+        self._settle(decisions, bound, confirms)
 
     @staticmethod
-    def _settle(decisions: list[DecisionRecord], bound: dict[str, None]) -> None:
+    def _settle(
+        decisions: list[DecisionRecord],
+        bound: dict[str, None],
+        confirms: list[tuple[str, datetime]],
+    ) -> None:
+        # The ledger first, in its own statement: a failing log write must not cost it.
+        ledger_services.confirm_bindings(confirms)
+        confirms.clear()
         services.record_decisions(decisions)
         services.mark_bound(list(bound))
         decisions.clear()
@@ -206,7 +225,8 @@ def record_bind(pod_uid: str, namespace: str, name: str, outcome: str, summary: 
     writer.submit("bind", (pod_uid, namespace, name, outcome, summary))
 
 
-def record_bound(pod_uid: str) -> None:
-    """Queue that bind placed the pod: its held decision is dropped, its row (if an earlier
-    filter wrote one) says `bound`."""
-    writer.submit("bound", pod_uid)
+def record_bound(pod_uid: str, at: datetime) -> None:
+    """Queue that the API server accepted the pod's Binding at `at`: its reservation is
+    confirmed (reserved -> bound), its held decision is dropped, its row (if an earlier filter
+    wrote one) says `bound`."""
+    writer.submit("bound", (pod_uid, at))

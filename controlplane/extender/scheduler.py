@@ -16,6 +16,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.utils import timezone
+
 from controlplane import kube as kube_adapter
 from controlplane.extender import selectors as ext_selectors
 from controlplane.extender import signing, why
@@ -351,10 +353,10 @@ def _read_request(kube: kube_adapter.Kube, args: BindingArgs) -> PodRequest | Bi
 def run_bind(args: BindingArgs) -> BindAnswer:
     """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason.
 
-    The common case costs one ledger transaction, the Binding and one UPDATE: the pod's request
-    comes from its filter (`RecentRequests`); a pod filter did not see is read from the API
-    server. A repeated bind is recognised inside the reservation (or, for a pod that is gone,
-    when it is read).
+    The common case costs one ledger transaction and the Binding (the confirmation is batched
+    off this path, `decisions.record_bound`): the pod's request comes from its filter
+    (`RecentRequests`); a pod filter did not see is read from the API server. A repeated bind
+    is recognised inside the reservation (or, for a pod that is gone, when it is read).
     """
     kube = kube_adapter.get_kube()
     request: PodRequest | BindAnswer | None
@@ -404,7 +406,8 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         )
         raise BindFailed(message, "apiserver_error")
 
-    binding = services.confirm_binding(args.pod_uid, binding)
-    # "why" reads the binding itself: the filter's held decision is dropped unwritten.
-    record_bound(args.pod_uid)
+    # Confirmed (reserved -> bound) by the decision writer's next batch, many pods in one
+    # statement, and not on this path; "why" reads the binding itself, so the filter's held
+    # decision is dropped unwritten.
+    record_bound(args.pod_uid, timezone.now())
     return BindAnswer("bound", binding)

@@ -381,6 +381,12 @@ def confirm_binding(pod_uid: str, reserved: PodBinding | None = None) -> PodBind
     return binding
 
 
+def confirm_bindings(confirmations: Sequence[tuple[str, datetime]]) -> int:
+    """`confirm_binding` for many pods in one statement: (pod UID, when the API server accepted
+    the Binding) each. Only reservations change; the number confirmed."""
+    return sql.confirm_many(confirmations)
+
+
 @transaction.atomic
 def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBinding | None:
     """Free a binding's slices: the pod ended (released) or its bind failed (failed).

@@ -157,6 +157,17 @@ def _statements() -> dict[str, str]:
             f"{column(PodBinding, 'updated_at')} = %s "
             f"WHERE {column(PodBinding, 'pod_uid')} = %s AND {column(PodBinding, 'phase')} = %s"
         ),
+        # many confirmations in one statement: (pod UID, bound at) rows; VALUES' columns are
+        # column1, column2 in both PostgreSQL and SQLite
+        "confirm_many": (
+            f"UPDATE {binding} SET {column(PodBinding, 'phase')} = %s, "
+            f"{column(PodBinding, 'bound_at')} = v.column2, "
+            f"{column(PodBinding, 'deadline')} = NULL, "
+            f"{column(PodBinding, 'updated_at')} = v.column2 "
+            "FROM (VALUES {values}) AS v "
+            f"WHERE {column(PodBinding, 'pod_uid')} = v.column1 "
+            f"AND {column(PodBinding, 'phase')} = %s"
+        ),
     }
 
 
@@ -346,6 +357,20 @@ def confirm(pod_uid: str, now: datetime) -> int:
     return rawsql.execute(
         _sql("confirm"), (phases.BOUND.value, stamp, stamp, pod_uid, phases.RESERVED.value)
     )
+
+
+def confirm_many(confirmations: Sequence[tuple[str, datetime]]) -> int:
+    """reserved -> bound for each (pod UID, bound at), one statement; the rows changed."""
+    if not confirmations:
+        return 0
+    adapt = connection.ops.adapt_datetimefield_value
+    phases = PodBinding.Phase
+    params: list[Any] = [phases.BOUND.value]
+    for pod_uid, at in confirmations:
+        params += [pod_uid, adapt(at)]
+    params.append(phases.RESERVED.value)
+    values = ", ".join(["(%s, %s)"] * len(confirmations))
+    return rawsql.execute(_sql("confirm_many").replace("{values}", values), params)
 
 
 def upsert_decisions(rows: Sequence[dict[str, Any]]) -> None:

@@ -89,7 +89,9 @@ def reconcile_pods(
         candidates = candidates.filter(pod_uid__in=[*by_uid, *deleted])
     # Plain tuples, not model instances: a full resync reads every active binding, and most
     # need nothing; building 20,000 models costs seconds.
-    rows = candidates.values_list("pod_uid", "namespace", "name", "phase", "node__name", "deadline")
+    rows = candidates.values_list(
+        "pod_uid", "namespace", "name", "phase", "node__name", "deadline", "reserved_at"
+    )
     repairs = []
     for row in rows.iterator(chunk_size=5000):
         binding = BindingRow(*row)
@@ -110,6 +112,8 @@ def reconcile_pods(
                     done = [uid for uid in chunk if _confirmed(uid)]
                 else:
                     done = ledger.release_bindings(list(chunk), reason, failed=verb == "fail")
+                if kind == ROUTINE:
+                    continue
                 AuditEvent.objects.bulk_create(
                     AuditEvent(
                         actor=SYSTEM,
@@ -152,11 +156,22 @@ class BindingRow:
     phase: str
     node_name: str | None
     deadline: datetime | None
+    reserved_at: datetime | None
+
+
+# A reservation whose pod is bound and that is younger than this has its extender's own
+# confirmation on the way (the extender confirms in batches moments after the Binding,
+# extender/decisions.py): the reconciler may get there first, and confirms it as routine, not
+# as drift. Older, its confirmation was lost (the extender's process died).
+CONFIRM_GRACE = timedelta(seconds=3)
+
+
+ROUTINE = ""  # a Repair's kind for what is no drift: not counted, not audited
 
 
 @dataclass(frozen=True, slots=True)
 class Repair:
-    kind: str  # the drift counter's key
+    kind: str  # the drift counter's key (ROUTINE: none)
     verb: str  # release | fail | confirm
     reason: str
 
@@ -174,10 +189,13 @@ def _diagnose(binding: BindingRow, pod: PodView | None, now: datetime) -> Repair
             f"the pod runs on {pod.node_name}, not {binding.node_name}",
         )
     if binding.phase == PodBinding.Phase.RESERVED:
+        expired = binding.deadline is not None and binding.deadline <= now
         if pod.node_name == binding.node_name:
+            if not expired and binding.reserved_at and binding.reserved_at > now - CONFIRM_GRACE:
+                return Repair(ROUTINE, "confirm", "the pod is bound")
             # The Binding reached the API server but its process died before confirming.
             return Repair("confirmed_reservation", "confirm", "the pod is bound")
-        if binding.deadline is not None and binding.deadline <= now:
+        if expired:
             return Repair(
                 "released_expired_reservation",
                 "fail",

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.db import connection
 from django.db.models import Sum
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from controlplane.ledger import selectors, services
 from controlplane.ledger.models import Card, NamespaceQuota, PodBinding, Slice
@@ -93,6 +98,34 @@ def test_confirm_moves_reserved_to_bound_once() -> None:
         services.confirm_binding("uid-default-p")
     with pytest.raises(services.NotFound):
         services.confirm_binding("missing")
+
+
+def test_confirm_bindings_moves_many_reservations_in_one_statement() -> None:
+    make_node("n1", cards=1, memory_mib=80000)
+    for name in ("a", "b", "c", "d"):
+        services.reserve_binding(request_for(name, gpu_container(mem=1000)), "n1")
+    services.confirm_binding("uid-default-c")  # already bound: left as it is
+    c_bound_at = PodBinding.objects.get(pod_uid="uid-default-c").bound_at
+    services.release_binding("uid-default-d", "gone")  # ended: never bound again
+    at_a = timezone.now() - timedelta(seconds=2)
+    at_b = at_a + timedelta(milliseconds=1500)
+    with CaptureQueriesContext(connection) as queries:
+        changed = services.confirm_bindings(
+            [("uid-default-a", at_a), ("uid-default-b", at_b), ("uid-default-c", at_b),
+             ("uid-default-d", at_b), ("missing", at_b)]
+        )  # fmt: skip
+    assert changed == 2
+    assert len(queries) == 1
+    rows = {
+        b.pod_uid.removeprefix("uid-default-"): b for b in PodBinding.objects.order_by("pod_uid")
+    }
+    assert [(n, b.phase) for n, b in rows.items()] == [
+        ("a", "bound"), ("b", "bound"), ("c", "bound"), ("d", "released")
+    ]  # fmt: skip
+    assert (rows["a"].bound_at, rows["b"].bound_at) == (at_a, at_b)
+    assert rows["a"].deadline is None and rows["a"].updated_at == at_a
+    assert rows["c"].bound_at == c_bound_at
+    assert services.confirm_bindings([]) == 0
 
 
 def test_failed_binding_can_be_retried_on_another_node() -> None:

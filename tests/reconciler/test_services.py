@@ -106,6 +106,21 @@ def test_expired_reservation_is_released_or_confirmed_by_what_the_api_server_say
     assert phase(waiting.pod_uid) == "reserved"  # still within its deadline
 
 
+def test_a_young_bound_reservation_is_confirmed_as_routine_an_old_one_as_drift() -> None:
+    """The extender confirms in batches moments after its Binding; a reconciler that gets
+    there first confirms too, but that is no drift. Past the grace the confirmation was lost."""
+    young, old = reserve("young"), reserve("old")
+    PodBinding.objects.filter(pod_uid=old.pod_uid).update(
+        reserved_at=timezone.now() - services.CONFIRM_GRACE - timedelta(seconds=1)
+    )
+    drift = run([view(young), view(old)])
+    assert drift == {"confirmed_reservation": 1}
+    assert phase(young.pod_uid) == "bound" and phase(old.pod_uid) == "bound"
+    audited = AuditEvent.objects.filter(actor="reconciler", action="confirm")
+    assert [e.details["uid"] for e in audited] == [old.pod_uid]
+    assert run([view(young), view(old)]) == {}
+
+
 def test_pod_bound_to_another_node_releases_the_stale_reservation() -> None:
     make_node("n2", cards=1)
     b = reserve("moved")
