@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from controlplane.access.roles import Role
 from controlplane.extender import decisions
+from controlplane.extender.services import DecisionRecord, Outcome
 from controlplane.ledger.models import PodBinding, SchedulingDecision
 from tests.builders import make_node, token_client
 from tests.extender.builders import bind_args, filter_args, gpu_pod
@@ -139,3 +140,28 @@ def test_bind_confirms_in_the_writers_next_batch_many_pods_in_one_statement(
     for binding in PodBinding.objects.filter(name__startswith="b"):
         assert binding.phase == "bound" and binding.deadline is None
         assert started <= binding.bound_at <= answered
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_arriving_in_the_batch_window_do_not_wake_the_writer_one_by_one(
+    async_log, monkeypatch
+) -> None:
+    monkeypatch.setattr(decisions, "BATCH_WINDOW_S", 5.0)  # the batch ends at the flush
+    wake = decisions.writer._wake
+    wakes: list[int] = []
+    real_set = wake.set
+
+    def counting_set() -> None:
+        wakes.append(1)
+        real_set()
+
+    monkeypatch.setattr(wake, "set", counting_set)
+    for i in range(50):
+        record = DecisionRecord(f"u{i}", "default", f"p{i}", Outcome.UNSCHEDULABLE, "no room",
+                                (), {}, {}, 1)  # fmt: skip
+        decisions.record(record)
+    decisions.writer.flush()
+    # At most the first entry (when the thread was idle) and the flush: not one per entry.
+    assert len(wakes) <= 2
+    assert SchedulingDecision.objects.count() == 50
+    assert decisions.writer.dropped == 0
