@@ -5,7 +5,10 @@
 It answers every verb the way Tessera's extender is configured (filter, prioritize, bind):
 filter keeps every node, prioritize scores every node 0, bind creates the pod's Binding through
 the API server (the least any binding extender must do). Standard library only:
-ThreadingHTTPServer, one keep-alive HTTPS connection to the API server per thread.
+ThreadingHTTPServer, and a shared pool of keep-alive HTTPS connections to the API server.
+kube-scheduler opens a new connection (so the server a new thread) for many of its parallel
+binds: a connection to the API server per thread would cost the API server a TLS handshake per
+such bind, and make the baseline dearer than it needs to be.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+MAX_IDLE = 32  # idle connections kept to the API server
+
 
 class Binder:
     def __init__(self, apiserver: str, ca: str, cert: str, key: str) -> None:
@@ -27,16 +32,21 @@ class Binder:
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
         self.context = ssl.create_default_context(cafile=ca)
         self.context.load_cert_chain(cert, key)
-        self.local = threading.local()
+        self._idle: list[http.client.HTTPSConnection] = []  # most recently used last
+        self._lock = threading.Lock()
 
-    def _connection(self) -> http.client.HTTPSConnection:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPSConnection(
-                self.host, self.port, context=self.context, timeout=10
-            )
-            self.local.conn = conn
-        return conn
+    def _take(self) -> http.client.HTTPSConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=10)
+
+    def _give(self, conn: http.client.HTTPSConnection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         body = json.dumps(
@@ -49,17 +59,17 @@ class Binder:
         )
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
         for attempt in range(2):  # one retry on a connection the server closed meanwhile
-            conn = self._connection()
+            conn = self._take()
             try:
                 conn.request("POST", path, body, {"Content-Type": "application/json"})
                 resp = conn.getresponse()
                 text = resp.read().decode(errors="replace")
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                self.local.conn = None
                 if attempt:
                     return f"binding {namespace}/{name}: {exc}"
                 continue
+            self._give(conn)
             return (
                 ""
                 if resp.status in (200, 201)
