@@ -17,8 +17,8 @@ decisions, and bind's failures, are written in the next batch as before.
 Bind's confirmation (reserved -> bound, once the API server accepted the Binding) rides the
 same batches: one UPDATE for all the pods bound in a batch, before the decision rows, instead of
 a statement and a commit on every bind's path. A confirmation lost with its process (or its
-batch) leaves a reservation whose pod is bound: the reconciler confirms it, at the pod's next
-event once the reservation is older than its grace, or when the reservation's deadline passes
+batch) leaves a reservation whose pod is bound: the reconciler confirms it when it next looks
+at the pod (a watch event, a resync) or when the reservation's deadline passes
 (docs/extender.md).
 
 `TESSERA["DECISION_LOG_ASYNC"] = False` (the test settings) writes synchronously instead, with

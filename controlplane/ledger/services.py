@@ -366,7 +366,7 @@ def confirm_binding(pod_uid: str, reserved: PodBinding | None = None) -> PodBind
     reservation wrote it, is returned updated when that UPDATE changed it (no re-read).
     """
     now = timezone.now()
-    if sql.confirm(pod_uid, now) == 1 and reserved is not None and reserved.pod_uid == pod_uid:
+    if sql.confirm([(pod_uid, now)]) == 1 and reserved is not None and reserved.pod_uid == pod_uid:
         reserved.phase, reserved.bound_at, reserved.deadline = PodBinding.Phase.BOUND, now, None
         reserved.updated_at = now
         return reserved
@@ -384,7 +384,7 @@ def confirm_binding(pod_uid: str, reserved: PodBinding | None = None) -> PodBind
 def confirm_bindings(confirmations: Sequence[tuple[str, datetime]]) -> int:
     """`confirm_binding` for many pods in one statement: (pod UID, when the API server accepted
     the Binding) each. Only reservations change; the number confirmed."""
-    return sql.confirm_many(confirmations)
+    return sql.confirm(confirmations)
 
 
 @transaction.atomic

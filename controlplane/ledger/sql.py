@@ -151,15 +151,9 @@ def _statements() -> dict[str, str]:
                 for f in DECISION[1:]
             )
         ),
+        # reserved -> bound for (pod UID, bound at) rows; VALUES' columns are column1, column2
+        # in both PostgreSQL and SQLite
         "confirm": (
-            f"UPDATE {binding} SET {column(PodBinding, 'phase')} = %s, "
-            f"{column(PodBinding, 'bound_at')} = %s, {column(PodBinding, 'deadline')} = NULL, "
-            f"{column(PodBinding, 'updated_at')} = %s "
-            f"WHERE {column(PodBinding, 'pod_uid')} = %s AND {column(PodBinding, 'phase')} = %s"
-        ),
-        # many confirmations in one statement: (pod UID, bound at) rows; VALUES' columns are
-        # column1, column2 in both PostgreSQL and SQLite
-        "confirm_many": (
             f"UPDATE {binding} SET {column(PodBinding, 'phase')} = %s, "
             f"{column(PodBinding, 'bound_at')} = v.column2, "
             f"{column(PodBinding, 'deadline')} = NULL, "
@@ -350,16 +344,7 @@ def _slices_insert(
     return _sql("insert_slices") + ", ".join([row] * len(slices)), params
 
 
-def confirm(pod_uid: str, now: datetime) -> int:
-    """reserved -> bound for the pod's binding; the number of rows changed (0 or 1)."""
-    stamp = connection.ops.adapt_datetimefield_value(now)
-    phases = PodBinding.Phase
-    return rawsql.execute(
-        _sql("confirm"), (phases.BOUND.value, stamp, stamp, pod_uid, phases.RESERVED.value)
-    )
-
-
-def confirm_many(confirmations: Sequence[tuple[str, datetime]]) -> int:
+def confirm(confirmations: Sequence[tuple[str, datetime]]) -> int:
     """reserved -> bound for each (pod UID, bound at), one statement; the rows changed."""
     if not confirmations:
         return 0
@@ -370,7 +355,7 @@ def confirm_many(confirmations: Sequence[tuple[str, datetime]]) -> int:
         params += [pod_uid, adapt(at)]
     params.append(phases.RESERVED.value)
     values = ", ".join(["(%s, %s)"] * len(confirmations))
-    return rawsql.execute(_sql("confirm_many").replace("{values}", values), params)
+    return rawsql.execute(_sql("confirm").replace("{values}", values), params)
 
 
 def upsert_decisions(rows: Sequence[dict[str, Any]]) -> None:
