@@ -29,9 +29,11 @@ def _request(uid: str):
     return parse_pod(pod)
 
 
-def _prepared() -> list[str]:
+def _prepared(prefix: str = "") -> list[str]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        cursor.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE name LIKE %s", (f"{prefix}%",)
+        )
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -40,7 +42,8 @@ def test_reservations_prepare_their_statements_after_a_few_runs() -> None:
     for i in range(8):
         services.reserve_binding(_request(f"pod-{i}"), "n1")
 
-    prepared = _prepared()
+    # prepared by the libpq pipeline of rawsql (its names), not through psycopg's cursors
+    prepared = _prepared("_tessera_")
     assert any("FOR UPDATE" in text and "ledger_node" in text for text in prepared), prepared
     # the binding and its slices: one statement
     assert any(
@@ -156,3 +159,59 @@ def test_a_reservation_writes_its_binding_and_slices_in_one_statement() -> None:
         "SELECT binding_id, container_name, memory_mib, active FROM ledger_slice ORDER BY id", ()
     )
     assert rows == [(binding.pk, "main", 1000, True), (binding.pk, "main", 1000, True)]
+
+
+def test_the_libpq_pipeline_returns_what_a_cursor_returns() -> None:
+    """Types as psycopg's cursor loads them (Django's adapters), NULLs, no rows, and values
+    of every width, prepared or not (the second run uses the prepared statements)."""
+    statements = [
+        ("SELECT %s::int, %s::bigint, %s, %s::bool, %s::timestamptz, %s::jsonb, NULL::text",
+         (7, 2**40, "täxt", True, "2026-12-02T01:02:03+00:00", '{"a": [1, 2]}')),
+        ("SELECT 1 WHERE false", ()),
+        ("SELECT g, g * 2 FROM generate_series(1, %s) AS g", (3,)),
+    ]  # fmt: skip
+    expected = [rawsql.fetch(sql, params) for sql, params in statements]
+    for _ in range(2):
+        with transaction.atomic():
+            assert rawsql.fetch_in_order(statements) == expected
+    assert expected[2] == [(1, 2), (2, 4), (3, 6)]
+    assert len(_prepared("_tessera_")) == 3
+
+
+def test_a_bad_statement_in_the_libpq_pipeline_is_not_kept_prepared() -> None:
+    from django.db import ProgrammingError
+
+    for _ in range(2):  # the second time it is prepared (and refused) again
+        with pytest.raises(ProgrammingError, match="no_such_table"), transaction.atomic():
+            rawsql.fetch_in_order([("SELECT 1", ()), ("SELECT * FROM no_such_table", ())])
+    assert not any("no_such_table" in text for text in _prepared())
+    with transaction.atomic():
+        assert rawsql.fetch_in_order([("SELECT %s::int", (5,))]) == [[(5,)]]
+
+
+def test_a_rollback_that_deallocates_psycopgs_statements_does_not_strand_ours() -> None:
+    """psycopg sends DEALLOCATE ALL after a rollback while it holds prepared statements of its
+    own; the pipeline's statements go with them and must be prepared again, not run by name."""
+    probe = [("SELECT %s::int + 1", (1,))]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        for _ in range(8):  # past psycopg's prepare_threshold: psycopg prepares one of its own
+            rawsql.fetch("SELECT %s::int", (1,))
+        assert rawsql.fetch_in_order(probe) == [[(2,)]]
+        assert _prepared("_pg3_") and _prepared("_tessera_")
+        raise RuntimeError("roll back")
+    assert not _prepared("_tessera_")  # gone with psycopg's DEALLOCATE ALL
+    with transaction.atomic():
+        assert rawsql.fetch_in_order(probe) == [[(2,)]]
+
+
+def test_statements_deallocated_behind_the_pipelines_back_are_prepared_again() -> None:
+    from django.db import ProgrammingError
+
+    probe = [("SELECT %s::int + 1", (1,))]
+    with transaction.atomic():
+        assert rawsql.fetch_in_order(probe) == [[(2,)]]
+    connection.connection.pgconn.exec_(b"DEALLOCATE ALL")  # not through psycopg's cursor
+    with pytest.raises(ProgrammingError, match="does not exist"), transaction.atomic():
+        rawsql.fetch_in_order(probe)
+    with transaction.atomic():  # the next attempt prepares it again
+        assert rawsql.fetch_in_order(probe) == [[(2,)]]
