@@ -747,9 +747,19 @@ def filter_nodes(
     Both keep the input order; names the snapshot does not know get an UNKNOWN_NODE refusal.
     """
     fits = _fitter(request.plan)
+    shape = _shape_key(request.plan)
+    memo: dict[str, bool] | None = None
+    if shape is not None and names is not None:
+        # The node test for this shape, memoised on the snapshot (Snapshot.per_node): most
+        # cycles are one list comprehension over dictionary lookups.
+        memo = snapshot.per_node(("fit", *shape), lambda node: fits(node.view))
+        names = names if isinstance(names, list) else list(names)
+        feasible = [name for name in names if memo.get(name)]
+        if len(feasible) == len(names):
+            return feasible, []
     deferred = NodeFit.deferred
     by_name = snapshot.by_name
-    feasible: list[str] = []
+    feasible = []
     failed: list[NodeFit] = []
     for name in (n.name for n in snapshot.nodes) if names is None else names:
         node = by_name.get(name)
@@ -769,11 +779,22 @@ def filter_nodes(
                     ),
                 )
             )
-        elif fits(node.view):
+        elif memo[name] if memo is not None else fits(node.view):
             feasible.append(name)
         else:
             failed.append(deferred(explain, node, request))
     return feasible, failed
+
+
+def _shape_key(plan: Plan) -> tuple[int, int] | None:
+    """(MiB, compute) for the common shape whose node test depends on nothing else: one
+    container, one slice of absolute memory, no card filters. None for any other."""
+    cp = plan.single
+    if plan.filtered or plan.abs_apps is not None or cp is None:
+        return None
+    if cp.kind != 0 or cp.cores >= 100:
+        return None
+    return (cp.value, cp.cores)
 
 
 def prioritize(
@@ -783,6 +804,11 @@ def prioritize(
     plan = request.plan
     fixed = _fixed_demand(plan)
     binpack = plan.node_binpack
+    if fixed is not None:  # the score depends on the node and these two only: memoised
+        scores = snapshot.per_node(
+            ("score", fixed, binpack), lambda node: _score(node.view, plan, fixed)
+        )
+        return [(name, scores.get(name, 0)) for name in names]
     # Percent and whole-card asks depend on the node's card size; sizes repeat a lot.
     per_size: dict[int, int] = {}
     by_name = snapshot.by_name

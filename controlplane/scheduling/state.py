@@ -8,11 +8,15 @@ ints from a tuple is an order of magnitude cheaper than walking card objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from typing import Any, TypeVar
 
 from controlplane.scheduling.claims import CardClaim
+
+V = TypeVar("V")
+MEMO_KEYS = 8  # Snapshot.per_node: pod shapes remembered per snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +275,13 @@ class Snapshot:
 
     nodes: tuple[NodeState, ...]
     by_name: Mapping[str, NodeState] = field(init=False, repr=False, compare=False)
+    # per_node's values: key -> (function, {node name: value})
+    _memo: dict[Hashable, tuple[Callable[[NodeState], Any], dict[str, Any]]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
         if not isinstance(self.nodes, tuple):
             object.__setattr__(self, "nodes", tuple(self.nodes))
         index: dict[str, NodeState] = {}
@@ -304,4 +313,33 @@ class Snapshot:
         snapshot = object.__new__(Snapshot)
         object.__setattr__(snapshot, "nodes", tuple(index.values()))
         object.__setattr__(snapshot, "by_name", index)
+        memo = {}
+        for key, (function, old) in list(self._memo.items()):  # list(): one step under the GIL
+            values = dict(old)
+            for name, node in changes.items():
+                if node is None:
+                    values.pop(name, None)
+                else:
+                    values[name] = function(node)
+            memo[key] = (function, values)
+        object.__setattr__(snapshot, "_memo", memo)
         return snapshot
+
+    def per_node(self, key: Hashable, function: Callable[[NodeState], V]) -> dict[str, V]:
+        """`function(node)` for every node, by name: computed once per snapshot and `key`, and
+        carried into the snapshots `replacing` makes, where only the replaced nodes are
+        computed again. The filter's node test and prioritize's score for one pod shape are
+        the same for every pod of that shape until a node changes; kube-scheduler asks for
+        hundreds of nodes per pod, and a cache swaps in one node per bind.
+
+        `key` must name everything `function` depends on besides the node. The last
+        `MEMO_KEYS` keys asked for are kept (each costs a copy per `replacing`).
+        """
+        memo = self._memo
+        found = memo.get(key)
+        if found is None:
+            found = (function, {node.name: function(node) for node in self.nodes})
+            for oldest in list(memo)[: max(0, len(memo) - MEMO_KEYS + 1)]:
+                memo.pop(oldest, None)
+            memo[key] = found
+        return found[1]

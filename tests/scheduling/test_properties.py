@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from controlplane.scheduling import (
     prioritize,
     score_node,
 )
+from controlplane.scheduling.state import MEMO_KEYS
 from tests.scheduling.builders import k8s_container, pod_json
 
 PROFILE = settings(
@@ -445,3 +447,78 @@ def test_parse_pod_reads_back_what_a_manifest_says(asks: tuple[ContainerRequest,
     parsed = parse_pod(raw)
     assert parsed is not None
     assert parsed.containers == asks
+
+
+@st.composite
+def one_slice_requests(draw: st.DrawFn) -> PodRequest:
+    """The shape filter and prioritize memoise per snapshot (one absolute slice), and, now
+    and then, another shape (which must not read a memo)."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(requests())
+    ask = ContainerRequest(
+        "main", 0, False, 1, draw(st.sampled_from(NEEDS)), None,
+        draw(st.sampled_from((0, 0, 10, 30, 50, 100))),
+    )  # fmt: skip
+    policy = draw(st.sampled_from(("binpack", "spread")))
+    return PodRequest("u", "ns", "p", (ask,), node_policy=policy)
+
+
+@PROFILE
+@given(
+    cluster=st.tuples(*(nodes(f"n{i}") for i in range(5))),
+    asks=st.lists(one_slice_requests(), min_size=1, max_size=4),
+    changes=st.lists(
+        st.tuples(st.integers(0, 6), st.booleans()).flatmap(
+            lambda c: st.tuples(st.just(f"n{c[0]}"), nodes(f"n{c[0]}") if c[1] else st.none())
+        ),
+        max_size=4,
+    ),
+)
+def test_memoised_answers_follow_the_snapshots_a_cache_derives(
+    cluster: tuple[NodeState, ...], asks: list[PodRequest], changes: list[Any]
+) -> None:
+    """Filter and prioritize on a snapshot derived with `replacing` (the memo carried, only
+    the replaced nodes recomputed) answer exactly as on the same nodes built afresh."""
+    names = [f"n{i}" for i in range(7)] + ["x"]
+    snap = Snapshot.build(cluster)
+    for request in asks:  # fill the memo on the first snapshot
+        filter_nodes(snap, request, names)
+        prioritize(snap, request, names)
+    for name, replacement in changes:  # one change per derived snapshot, as a cache swaps
+        snap = snap.replacing({name: replacement})
+    fresh = Snapshot.build(snap.nodes)
+    for request in asks:
+        feasible, failed = filter_nodes(snap, request, names)
+        again, failed_again = filter_nodes(fresh, request, names)
+        assert feasible == again
+        assert [(f.node, f.summary()) for f in failed] == [
+            (f.node, f.summary()) for f in failed_again
+        ]
+        for name in names:
+            known = snap.by_name.get(name)
+            assert (name in feasible) == (known is not None and fit_node(known, request).feasible)
+        assert prioritize(snap, request, names) == prioritize(fresh, request, names)
+        for name, score in prioritize(snap, request, names):
+            known = snap.by_name.get(name)
+            assert score == (score_node(known, request) if known is not None else 0)
+
+
+def test_a_snapshot_remembers_a_few_shapes_and_computes_each_node_once() -> None:
+    calls: list[str] = []
+
+    def count(node: NodeState) -> int:
+        calls.append(node.name)
+        return len(node.cards)
+
+    a, b = NodeState("a", True, False, ()), NodeState("b", True, False, ())
+    snap = Snapshot.build((a, b))
+    assert snap.per_node("k", count) == {"a": 0, "b": 0}
+    assert snap.per_node("k", count) == {"a": 0, "b": 0} and calls == ["a", "b"]
+    derived = snap.replacing({"b": None, "c": NodeState("c", True, False, ())})
+    assert derived.per_node("k", count) == {"a": 0, "c": 0}
+    assert calls == ["a", "b", "c"]  # only the added node was computed for the new snapshot
+    for i in range(MEMO_KEYS):
+        snap.per_node(i, count)
+    calls.clear()
+    snap.per_node("k", count)  # pushed out by newer keys: computed again
+    assert calls == ["a", "b"]
