@@ -41,9 +41,7 @@ APISERVER_HEADER = "X-Tessera-Apiserver-Ms"
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
-    response = HttpResponse(
-        json.dumps(body, separators=(",", ":")), status=status, content_type="application/json"
-    )
+    response = HttpResponse(wire.dump_json(body), status=status, content_type="application/json")
     for key, value in (headers or {}).items():
         response[key] = value
     return response

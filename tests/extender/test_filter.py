@@ -134,6 +134,7 @@ def test_invalid_gpu_request_is_unresolvable_on_every_node_with_the_field_named(
         (b"{not json", 400, "not JSON"),
         (b"", 400, "empty"),
         (b"\xff\xfe", 400, "not JSON"),
+        (b'{"Pod": {"x": NaN}, "NodeNames": ["n1"]}', 400, "not JSON"),  # not JSON's numbers
         (json.dumps([1, 2]).encode(), 200, "JSON object"),
         (json.dumps({"NodeNames": ["n1"]}).encode(), 200, "Pod: is missing"),
         (json.dumps({"Pod": "x", "NodeNames": ["n1"]}).encode(), 200, "Pod: must be a JSON object"),
