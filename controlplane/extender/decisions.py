@@ -161,8 +161,7 @@ class DecisionWriter:
         # The ledger first, in its own statement: a failing log write must not cost it.
         ledger_services.confirm_bindings(confirms)
         confirms.clear()
-        services.record_decisions(decisions)
-        services.mark_bound(list(bound))
+        services.record_decisions(decisions, list(bound))
         decisions.clear()
         bound.clear()
 

@@ -66,29 +66,21 @@ def record_decision(record: DecisionRecord) -> None:
 
 
 @transaction.atomic
-def record_decisions(records: Sequence[DecisionRecord]) -> None:
+def record_decisions(records: Sequence[DecisionRecord], bound: Sequence[str] = ()) -> None:
     """`record_decision` for many pods at once (the background writer's batches); the last
-    record of a pod wins."""
-    if not records:
+    record of a pod wins. `bound`: pods bind placed since, whose rows, where earlier filters
+    wrote one, now say `bound` (most bound pods have none: their feasible decision was held
+    and dropped unwritten). One transaction, a statement for each."""
+    if not records and not bound:
         return
-    latest = {r.pod_uid[:64]: r for r in records}
     _diagnostic_commit()
-    # Hand-written (ledger/sql.py): the filter writes one row per call, off its path but in
-    # the same process, and the ORM's upsert costs ten times the statement itself.
-    ledger_sql.upsert_decisions([_bounded(r) for r in latest.values()])
-
-
-def mark_bound(pod_uids: Sequence[str]) -> None:
-    """Bind placed these pods: their decision rows, where earlier filters wrote one, say
-    `bound` (one statement; most bound pods have no row, their feasible decision was never
-    written)."""
-    if not pod_uids:
-        return
-    with transaction.atomic():
-        _diagnostic_commit()
-        SchedulingDecision.objects.filter(pod_uid__in=[u[:64] for u in pod_uids]).exclude(
-            outcome=Outcome.BOUND
-        ).update(outcome=Outcome.BOUND)
+    if records:
+        latest = {r.pod_uid[:64]: r for r in records}
+        # Hand-written (ledger/sql.py): the filter writes one row per call, off its path but in
+        # the same process, and the ORM's upsert costs ten times the statement itself.
+        ledger_sql.upsert_decisions([_bounded(r) for r in latest.values()])
+    if bound:
+        ledger_sql.decisions_bound([uid[:64] for uid in bound], Outcome.BOUND.value)
 
 
 @transaction.atomic

@@ -151,6 +151,11 @@ def _statements() -> dict[str, str]:
                 for f in DECISION[1:]
             )
         ),
+        "decisions_bound": (
+            f"UPDATE {table(SchedulingDecision)} SET {column(SchedulingDecision, 'outcome')} = %s "
+            f"WHERE {column(SchedulingDecision, 'pod_uid')} IN ({{uids}}) "
+            f"AND {column(SchedulingDecision, 'outcome')} <> %s"
+        ),
         # reserved -> bound for (pod UID, bound at) rows; VALUES' columns are column1, column2
         # in both PostgreSQL and SQLite
         "confirm": (
@@ -356,6 +361,16 @@ def confirm(confirmations: Sequence[tuple[str, datetime]]) -> int:
     params.append(phases.RESERVED.value)
     values = ", ".join(["(%s, %s)"] * len(confirmations))
     return rawsql.execute(_sql("confirm").replace("{values}", values), params)
+
+
+def decisions_bound(pod_uids: Sequence[str], outcome: str) -> int:
+    """Set these pods' decision rows (those that exist) to `outcome`; the rows changed."""
+    changed = 0
+    for start in range(0, len(pod_uids), 500):  # within every database's parameter limit
+        chunk = pod_uids[start : start + 500]
+        statement = _sql("decisions_bound").replace("{uids}", ", ".join(["%s"] * len(chunk)))
+        changed += rawsql.execute(statement, [outcome, *chunk, outcome])
+    return changed
 
 
 def upsert_decisions(rows: Sequence[dict[str, Any]]) -> None:
