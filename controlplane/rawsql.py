@@ -11,6 +11,8 @@ transactions, query counting and both database backends behave as for ORM querie
 from __future__ import annotations
 
 import functools
+import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -141,6 +143,7 @@ def fetch_in_order(
 # and holds the connection's lock while it talks, as psycopg does.
 
 _PREPARED_MAX = 128  # distinct statements prepared per connection; more run unprepared
+_NAMES = itertools.count()
 
 
 @functools.lru_cache(maxsize=512)
@@ -181,7 +184,7 @@ def _libpq_pipeline(
                 key = (query, types)
                 name = cache.get(key)
                 if name is None and len(cache) < _PREPARED_MAX:
-                    name = f"_tessera_{len(cache)}".encode()
+                    name = f"_tessera_{next(_NAMES)}".encode()  # never one a server may hold
                     pg.send_prepare(name, query, param_types=types)
                     ops.append(("prepare", key))
                     cache[key] = name  # forgotten again below if the PREPARE failed
@@ -233,12 +236,12 @@ def _prepared_names(conn: Any) -> dict[tuple[bytes, Any], bytes]:
     cache = getattr(conn, "_tessera_prepared", None)
     if cache is None:
         cache = conn._tessera_prepared = {}
-        deallocate = conn._deallocate
+        deallocate, owner = type(conn)._deallocate, weakref.ref(conn)  # no cycle through conn
 
         def deallocate_and_forget(name: bytes | None) -> Any:
             if name is None:
                 cache.clear()
-            return deallocate(name)
+            return deallocate(owner(), name)
 
         conn._deallocate = deallocate_and_forget
     return cache
