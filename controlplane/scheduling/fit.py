@@ -748,13 +748,13 @@ def filter_nodes(
     """
     fits = _fitter(request.plan)
     shape = _shape_key(request.plan)
-    memo: dict[str, bool] | None = None
+    memo = None
     if shape is not None and names is not None:
         # The node test for this shape, memoised on the snapshot (Snapshot.per_node): most
         # cycles are one list comprehension over dictionary lookups.
-        memo = snapshot.per_node(("fit", *shape), lambda node: fits(node.view))
+        memo = snapshot.per_node(("fit", *shape), lambda node: fits(node.view), False)
         names = names if isinstance(names, list) else list(names)
-        feasible = [name for name in names if memo.get(name)]
+        feasible = [name for name in names if memo[name]]
         if len(feasible) == len(names):
             return feasible, []
     deferred = NodeFit.deferred
@@ -806,9 +806,9 @@ def prioritize(
     binpack = plan.node_binpack
     if fixed is not None:  # the score depends on the node and these two only: memoised
         scores = snapshot.per_node(
-            ("score", fixed, binpack), lambda node: _score(node.view, plan, fixed)
+            ("score", fixed, binpack), lambda node: _score(node.view, plan, fixed), 0
         )
-        return [(name, scores.get(name, 0)) for name in names]
+        return [(name, scores[name]) for name in names]
     # Percent and whole-card asks depend on the node's card size; sizes repeat a lot.
     per_size: dict[int, int] = {}
     by_name = snapshot.by_name

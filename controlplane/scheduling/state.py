@@ -275,10 +275,8 @@ class Snapshot:
 
     nodes: tuple[NodeState, ...]
     by_name: Mapping[str, NodeState] = field(init=False, repr=False, compare=False)
-    # per_node's values: key -> (function, {node name: value})
-    _memo: dict[Hashable, tuple[Callable[[NodeState], Any], dict[str, Any]]] = field(
-        init=False, repr=False, compare=False
-    )
+    # per_node's values by key
+    _memo: dict[Hashable, PerNode[Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -314,23 +312,23 @@ class Snapshot:
         object.__setattr__(snapshot, "nodes", tuple(index.values()))
         object.__setattr__(snapshot, "by_name", index)
         memo = {}
-        for key, (function, old) in list(self._memo.items()):  # list(): one step under the GIL
-            values = dict(old)
-            for name, node in changes.items():
-                if node is None:
-                    values.pop(name, None)
-                else:
-                    values[name] = function(node)
-            memo[key] = (function, values)
+        for key, old in list(self._memo.items()):  # list(): one step under the GIL
+            values = old.carried(index)
+            for name in changes:
+                values.pop(name, None)  # worked out again when next asked
+            memo[key] = values
         object.__setattr__(snapshot, "_memo", memo)
         return snapshot
 
-    def per_node(self, key: Hashable, function: Callable[[NodeState], V]) -> dict[str, V]:
-        """`function(node)` for every node, by name: computed once per snapshot and `key`, and
-        carried into the snapshots `replacing` makes, where only the replaced nodes are
-        computed again. The filter's node test and prioritize's score for one pod shape are
-        the same for every pod of that shape until a node changes; kube-scheduler asks for
-        hundreds of nodes per pod, and a cache swaps in one node per bind.
+    def per_node(
+        self, key: Hashable, function: Callable[[NodeState], V], default: V | None = None
+    ) -> PerNode[V]:
+        """`function(node)` by node name, worked out the first time a name is asked for
+        (`default` for a name the snapshot does not know) and kept for this snapshot and `key`,
+        and for the snapshots `replacing` derives, except for the nodes it swaps. The filter's
+        node test and prioritize's score for one pod shape are the same for every pod of that
+        shape until a node changes; kube-scheduler asks about hundreds of nodes per pod, and a
+        cache swaps in one node per bind.
 
         `key` must name everything `function` depends on besides the node. The last
         `MEMO_KEYS` keys asked for are kept (each costs a copy per `replacing`).
@@ -338,8 +336,33 @@ class Snapshot:
         memo = self._memo
         found = memo.get(key)
         if found is None:
-            found = (function, {node.name: function(node) for node in self.nodes})
+            found = PerNode(function, self.by_name, default)
             for oldest in list(memo)[: max(0, len(memo) - MEMO_KEYS + 1)]:
                 memo.pop(oldest, None)
             memo[key] = found
-        return found[1]
+        return found
+
+
+class PerNode(dict[str, V]):
+    """`Snapshot.per_node`'s values: a dict that works out a missing node's value on lookup."""
+
+    __slots__ = ("default", "function", "nodes")
+
+    def __init__(
+        self, function: Callable[[NodeState], V], nodes: Mapping[str, NodeState], default: Any
+    ) -> None:
+        super().__init__()
+        self.function, self.nodes, self.default = function, nodes, default
+
+    def __missing__(self, name: str) -> V:
+        node = self.nodes.get(name)
+        if node is None:
+            return self.default  # type: ignore[no-any-return]
+        value = self[name] = self.function(node)
+        return value
+
+    def carried(self, nodes: Mapping[str, NodeState]) -> PerNode[V]:
+        """A copy for a derived snapshot's nodes."""
+        copy = PerNode(self.function, nodes, self.default)
+        copy.update(self)
+        return copy

@@ -512,13 +512,16 @@ def test_a_snapshot_remembers_a_few_shapes_and_computes_each_node_once() -> None
 
     a, b = NodeState("a", True, False, ()), NodeState("b", True, False, ())
     snap = Snapshot.build((a, b))
-    assert snap.per_node("k", count) == {"a": 0, "b": 0}
-    assert snap.per_node("k", count) == {"a": 0, "b": 0} and calls == ["a", "b"]
+    memo = snap.per_node("k", count, -1)
+    assert (memo["a"], memo["b"], memo["x"]) == (0, 0, -1)  # x: not in the snapshot
+    assert snap.per_node("k", count, -1)["a"] == 0 and calls == ["a", "b"]  # asked once each
     derived = snap.replacing({"b": None, "c": NodeState("c", True, False, ())})
-    assert derived.per_node("k", count) == {"a": 0, "c": 0}
-    assert calls == ["a", "b", "c"]  # only the added node was computed for the new snapshot
+    carried = derived.per_node("k", count, -1)
+    assert (carried["a"], carried["b"], carried["c"]) == (0, -1, 0)
+    assert calls == ["a", "b", "c"]  # only the added node was worked out for the new snapshot
+    assert memo["b"] == 0  # the first snapshot still answers for its own nodes
     for i in range(MEMO_KEYS):
         snap.per_node(i, count)
     calls.clear()
-    snap.per_node("k", count)  # pushed out by newer keys: computed again
-    assert calls == ["a", "b"]
+    snap.per_node("k", count)["a"]  # pushed out by newer keys: worked out again
+    assert calls == ["a"]
