@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import select
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -162,9 +163,6 @@ def _numbered(sql: str) -> bytes | None:
 def _libpq_pipeline(
     conn: Any, statements: Sequence[tuple[bytes, Sequence[Any]]], commit: bool
 ) -> list[list[tuple[Any, ...]]]:
-    from psycopg import errors, pq
-    from psycopg.adapt import PyFormat, Transformer
-
     status = pq.ExecStatus
     with conn.lock:
         pg = conn.pgconn
@@ -250,8 +248,6 @@ def _prepared_names(conn: Any) -> dict[tuple[bytes, Any], bytes]:
 def _pipeline_results(pg: Any, sync: Any) -> list[Any]:
     """Every result up to the pipeline's sync, in order. Waits on the socket (outside the GIL)
     whenever libpq would block: `get_result` is only called when it will not."""
-    import select
-
     poller = select.poll()
     poller.register(pg.socket, select.POLLIN)
     while pg.flush():  # non-blocking connection: what did not fit is sent as the socket drains
@@ -268,8 +264,6 @@ def _pipeline_results(pg: Any, sync: Any) -> list[Any]:
         if result is None:
             idle += 1
             if idle > 1:
-                from psycopg import errors
-
                 message = pg.get_error_message() or "no answer"
                 raise errors.OperationalError(f"the pipeline ended early: {message}")
             continue
@@ -280,6 +274,8 @@ def _pipeline_results(pg: Any, sync: Any) -> list[Any]:
 
 
 try:
+    from psycopg import errors, pq
+    from psycopg.adapt import PyFormat, Transformer
     from psycopg.pq import ExecStatus
 
     _TUPLES_OK = ExecStatus.TUPLES_OK

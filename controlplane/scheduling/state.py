@@ -330,8 +330,8 @@ class Snapshot:
         shape until a node changes; kube-scheduler asks about hundreds of nodes per pod, and a
         cache swaps in one node per bind.
 
-        `key` must name everything `function` depends on besides the node. The last
-        `MEMO_KEYS` keys asked for are kept (each costs a copy per `replacing`).
+        `key` must name everything `function` depends on besides the node. The `MEMO_KEYS`
+        keys added last are kept, the oldest dropped first (each costs a copy per `replacing`).
         """
         memo = self._memo
         found = memo.get(key)
