@@ -8,6 +8,9 @@ set -euo pipefail
 STATE=${TESSERA_SERVICES_DIR:-/var/tmp/tessera-services}
 PG_PORT=${TESSERA_PG_PORT:-55432}
 REDIS_PORT=${TESSERA_REDIS_PORT:-56379}
+# The database name in TEST_POSTGRES_URL: two checkouts testing at once on one machine each
+# name their own (pytest-django creates test_<name> and drops it at the end).
+PG_DB=${TESSERA_PG_DB:-tessera}
 log() { echo "services: $*" >&2; }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -50,7 +53,7 @@ pg_up() {
       start >&2 || { tail -20 "$data/server.log" >&2; exit 1; }
   fi
   log "PostgreSQL ready on 127.0.0.1:$PG_PORT"
-  echo "export TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/tessera"
+  echo "export TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/$PG_DB"
 }
 
 redis_up() {
