@@ -1,23 +1,14 @@
-"""Prometheus metrics: the ledger read at scrape time, and the extender's own instruments.
+"""Prometheus metrics: the ledger read at scrape time, and the `/metrics` view.
 
 `/metrics` needs a bearer token (or session) of a human role, viewer or higher: see
 docs/dashboard.md for how to give Prometheus one. The ledger collector reads the database in a
 fixed number of queries whatever the cluster size (cards, slices, quotas + usage, two pending
-counts), so a scrape costs the same at 10 cards and at 10,000.
-
-The extender imports `EXTENDER_LATENCY` and `BIND_OUTCOMES` from here:
-
-    with EXTENDER_LATENCY.labels(verb="filter").time(): ...
-    BIND_OUTCOMES.labels(outcome="bound").inc()
-
-They live in the process's default registry. Under gunicorn with several workers, set
-`PROMETHEUS_MULTIPROC_DIR` (an empty, writable directory) before start so that every worker's
-counts are summed at scrape time instead of each scrape seeing one worker.
+counts), so a scrape costs the same at 10 cards and at 10,000. The process's own instruments
+(the extender's latency and bind outcomes, ...) are `controlplane.metrics`.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,14 +17,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from django.utils import timezone
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -44,24 +28,8 @@ from rest_framework.views import APIView
 from controlplane.access.permissions import IsViewer
 from controlplane.dashboard import selectors
 from controlplane.ledger.models import Card, Slice
-
-EXTENDER_LATENCY = Histogram(
-    "tessera_extender_request_seconds",
-    "Time the scheduler extender took to answer kube-scheduler, by verb.",
-    ["verb"],  # filter | prioritize | bind
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-)
-BIND_APISERVER = Histogram(
-    "tessera_extender_bind_apiserver_seconds",
-    "The API server's share of a bind (reading the pod, the Binding): a slow API server shows "
-    "here, not in Tessera's own time.",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-)
-BIND_OUTCOMES = Counter(
-    "tessera_bind_outcomes",
-    "Results of the extender's bind, by outcome (e.g. bound, conflict, refused, error).",
-    ["outcome"],
-)
+from controlplane.metrics import process_registry
+from controlplane.reconciler.models import ReconcileRun
 
 CARD_LABELS = ("node", "card", "index", "model")
 SLICE_LABELS = ("namespace", "pod", "container", "node", "card")
@@ -102,8 +70,6 @@ def read_ledger() -> list[Family]:
 
 def _reconciler() -> list[Family]:
     """The reconciler's runs (recorded by the worker process, read here in two queries)."""
-    from controlplane.reconciler.models import ReconcileRun
-
     last = Family(
         "tessera_reconcile_last_duration_seconds",
         "Duration of the latest reconcile run.",
@@ -292,17 +258,6 @@ def render_text(families: Iterable[Family]) -> bytes:
                 text = label_text[key] = f"{{{pairs}}}" if pairs else ""
             out.append(f"{family.name}{text} {_number(value)}\n")
     return "".join(out).encode("utf-8")
-
-
-def process_registry() -> CollectorRegistry:
-    """The registry of this process's instruments (all workers' when multiprocess is on)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        return registry
-    return REGISTRY
 
 
 class _FirstRenderer(BaseContentNegotiation):

@@ -28,14 +28,11 @@ from controlplane.extender import scheduler, wire
 from controlplane.extender.selectors import inventory_limits
 from controlplane.extender.webhook import review_pod
 from controlplane.ledger import selectors
+from controlplane.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
 from controlplane.scheduling import RequestError
 
 log = logging.getLogger(__name__)
 
-try:  # the dashboard's metrics (issue 8); without them the extender just does not count
-    from controlplane.dashboard.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
-except ImportError:  # pragma: no cover - depends on the other issue having landed
-    BIND_APISERVER = BIND_OUTCOMES = EXTENDER_LATENCY = None  # type: ignore[assignment]
 
 APISERVER_HEADER = "X-Tessera-Apiserver-Ms"
 
@@ -79,7 +76,7 @@ def extender_view(verb: str) -> Callable[[View], View]:
 
     def decorate(view: View) -> View:
         # the verb's histogram child, looked up once (labels() per request showed in profiles)
-        latency = EXTENDER_LATENCY.labels(verb=verb) if EXTENDER_LATENCY is not None else None
+        latency = EXTENDER_LATENCY.labels(verb=verb)
 
         @csrf_exempt
         @wraps(view)
@@ -101,8 +98,7 @@ def extender_view(verb: str) -> Callable[[View], View]:
                 message = f"internal error in {verb}; the control plane log has it"
                 return _json({"Error": message}, 500)
             finally:
-                if latency is not None:
-                    latency.observe(time.perf_counter() - start)
+                latency.observe(time.perf_counter() - start)
 
         return wrapper
 
@@ -159,9 +155,8 @@ def bind_view(request: HttpRequest) -> HttpResponse:
         error = str(exc)
     except scheduler.BindFailed as exc:
         outcome, error = exc.outcome, exc.message
-    if BIND_OUTCOMES is not None and BIND_APISERVER is not None:
-        BIND_OUTCOMES.labels(outcome=outcome).inc()
-        BIND_APISERVER.observe(kube_adapter.api_ms() / 1000.0)
+    BIND_OUTCOMES.labels(outcome=outcome).inc()
+    BIND_APISERVER.observe(kube_adapter.api_ms() / 1000.0)
     return _json({"Error": error}, headers={APISERVER_HEADER: f"{kube_adapter.api_ms():.3f}"})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import prometheus_client
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
+from controlplane import metrics as instruments
 from controlplane.access.roles import Role
 from controlplane.dashboard import metrics
 from controlplane.ledger.models import Card, NamespaceQuota
@@ -113,8 +115,8 @@ def test_label_values_are_escaped() -> None:
 
 
 def test_extender_instruments_are_exported(cluster: None) -> None:
-    metrics.EXTENDER_LATENCY.labels(verb="filter").observe(0.012)
-    metrics.BIND_OUTCOMES.labels(outcome="bound").inc()
+    instruments.EXTENDER_LATENCY.labels(verb="filter").observe(0.012)
+    instruments.BIND_OUTCOMES.labels(outcome="bound").inc()
     text = token_client("prom", Role.VIEWER).get("/metrics").content.decode()
     got = samples(text)
     assert got[("tessera_extender_request_seconds_count", (("verb", "filter"),))] >= 1
@@ -146,9 +148,9 @@ def test_scrape_query_count_is_fixed(cluster: None, monkeypatch: Any) -> None:
 
 def test_multiprocess_registry_is_used_when_configured(monkeypatch: Any, tmp_path: Any) -> None:
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    assert metrics.process_registry() is not metrics.REGISTRY
+    assert instruments.process_registry() is not prometheus_client.REGISTRY
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
-    assert metrics.process_registry() is metrics.REGISTRY
+    assert instruments.process_registry() is prometheus_client.REGISTRY
 
 
 def test_grafana_dashboard_uses_only_exported_metrics(cluster: None) -> None:
@@ -156,8 +158,8 @@ def test_grafana_dashboard_uses_only_exported_metrics(cluster: None) -> None:
     import re
     from pathlib import Path
 
-    metrics.EXTENDER_LATENCY.labels(verb="bind").observe(0.1)
-    metrics.BIND_OUTCOMES.labels(outcome="bound").inc()
+    instruments.EXTENDER_LATENCY.labels(verb="bind").observe(0.1)
+    instruments.BIND_OUTCOMES.labels(outcome="bound").inc()
     text = token_client("prom", Role.VIEWER).get("/metrics").content.decode()
     exported = {name for name, _ in samples(text)}
     path = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tessera-dashboard.json"

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from controlplane import kube
 from controlplane.extender import signing
@@ -243,12 +244,11 @@ def test_bind_body_that_is_not_json_is_a_400(client, fake_kube) -> None:
 
 
 def test_bind_and_filter_are_counted_in_the_dashboard_metrics(client, fake_kube) -> None:
-    metrics = pytest.importorskip("controlplane.dashboard.metrics")
     make_node("n1", cards=1, memory_mib=10000)
     pod = fake_kube.add(gpu_pod())
 
     def count(name: str, labels: dict[str, str]) -> float:
-        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+        return REGISTRY.get_sample_value(name, labels) or 0.0
 
     bound = count("tessera_bind_outcomes_total", {"outcome": "bound"})
     again = count("tessera_bind_outcomes_total", {"outcome": "already_bound"})
