@@ -297,7 +297,7 @@ def bench_filter_prioritize(conn: Conn, names: list[str], n: int) -> dict[str, l
 def bench_bind(conn: Conn, names: list[str], n: int) -> tuple[list[float], list[float], int]:
     """Each pod: filter -> prioritize -> bind, as the scheduler does; a refused bind (the filter's
     snapshot was stale) is retried like kube-scheduler would, and counted."""
-    from controlplane.kube import EmbeddedKube
+    from controlplane.kube.embedded import EmbeddedKube
 
     api = EmbeddedKube()
     own, apiserver, refused = [], [], 0
@@ -325,7 +325,7 @@ def bench_bind(conn: Conn, names: list[str], n: int) -> tuple[list[float], list[
 
 
 def burst(port: int, nodes: list[str], n_pods: int) -> dict[str, Any]:
-    from controlplane.kube import EmbeddedKube
+    from controlplane.kube.embedded import EmbeddedKube
 
     api = EmbeddedKube()
     pods = [api.create_pod(pod_from_fixture(f"burst-{i}", "", mem=8000)) for i in range(n_pods)]
@@ -387,7 +387,7 @@ def check_burst(n_pods: int) -> dict[str, Any]:
     """Every burst pod bound once, in the stand-in and the ledger; no card over its totals."""
     from django.db.models import Count, Q, Sum
 
-    from controlplane.extender.models import EmbeddedPod
+    from controlplane.kube.models import EmbeddedPod
     from controlplane.ledger.models import Card, PodBinding
 
     on_api = EmbeddedPod.objects.filter(name__startswith="burst-").exclude(node_name="").count()

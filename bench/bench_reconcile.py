@@ -36,8 +36,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from controlplane.kube.sources import PodEvent, PodView, pod_view  # noqa: E402
 from controlplane.ledger.models import Card, Node, PodBinding, Slice  # noqa: E402
-from controlplane.reconciler.source import PodEvent, PodView, pod_view  # noqa: E402
 from controlplane.reconciler.tasks import LocalState, run_reconcile  # noqa: E402
 
 NODES, CARDS, PODS = 1000, 8, 20000

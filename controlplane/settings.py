@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "controlplane.access",
     "controlplane.ledger",
+    "controlplane.kube",
     "controlplane.extender",
     "controlplane.dashboard",
     "controlplane.reconciler",

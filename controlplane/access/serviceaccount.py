@@ -25,6 +25,8 @@ from rest_framework.request import Request
 from controlplane.access.models import TOKEN_PREFIX, digest
 from controlplane.access.roles import Role, role_of
 from controlplane.access.services import grant_role
+from controlplane.kube import adapter
+from controlplane.kube.base import KubeError
 from controlplane.ledger.validation import is_node_name
 
 AUDIENCE = "tessera"
@@ -81,11 +83,9 @@ class ServiceAccountTokenAuthentication(authentication.BaseAuthentication):
             hit = _cache.get(key)
             if hit and hit[0] > now:
                 return hit[1]
-        from controlplane import kube
-
         try:
-            status = kube.get_kube().review_token(token, [AUDIENCE])  # type: ignore[attr-defined]
-        except kube.KubeError as exc:
+            status = adapter.get_kube().review_token(token, [AUDIENCE])  # type: ignore[attr-defined]
+        except KubeError as exc:
             raise exceptions.AuthenticationFailed(
                 f"Cannot check the token with the API server: {exc.message}"
             ) from None

@@ -19,7 +19,8 @@ from typing import Any
 
 from django.db import connections
 
-from controlplane.kube import EmbeddedKube, KubeError
+from controlplane.kube.base import KubeError
+from controlplane.kube.embedded import EmbeddedKube
 from controlplane.ledger import services
 from controlplane.ledger.models import Node
 

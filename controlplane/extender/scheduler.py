@@ -18,7 +18,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from controlplane import kube as kube_adapter
 from controlplane.extender import selectors as ext_selectors
 from controlplane.extender import signing, why
 from controlplane.extender.decisions import record as record_decision
@@ -27,6 +26,8 @@ from controlplane.extender.decisions import record_bound
 from controlplane.extender.services import DecisionRecord, Outcome
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
+from controlplane.kube import adapter
+from controlplane.kube.base import Kube, KubeError
 from controlplane.ledger import selectors, services
 from controlplane.ledger.models import PodBinding
 from controlplane.scheduling import (
@@ -259,7 +260,7 @@ class BindAnswer:
 
 
 def _bound_as_asked(
-    kube: kube_adapter.Kube, args: BindingArgs, annotations: dict[str, str]
+    kube: Kube, args: BindingArgs, annotations: dict[str, str]
 ) -> bool | None:
     """After a failed Binding call: is the pod bound to our node with our allocation anyway?
 
@@ -268,7 +269,7 @@ def _bound_as_asked(
     """
     try:
         pod = kube.get_pod(args.namespace, args.pod_name)
-    except kube_adapter.KubeError:
+    except KubeError:
         return None
     if pod is None:
         return False
@@ -281,12 +282,12 @@ def _bound_as_asked(
 
 
 def _call_binding(
-    kube: kube_adapter.Kube, args: BindingArgs, annotations: dict[str, str]
-) -> kube_adapter.KubeError | None:
+    kube: Kube, args: BindingArgs, annotations: dict[str, str]
+) -> KubeError | None:
     """The Binding POST; None when the pod ends up bound as asked."""
     try:
         kube.bind_pod(args.namespace, args.pod_name, args.pod_uid, args.node, annotations)
-    except kube_adapter.KubeError as exc:
+    except KubeError as exc:
         # 409 "already assigned" is our own earlier attempt when the pod carries our allocation.
         if _bound_as_asked(kube, args, annotations):
             return None
@@ -322,12 +323,12 @@ def _earlier_answer(args: BindingArgs) -> BindAnswer | None:
     return None
 
 
-def _read_request(kube: kube_adapter.Kube, args: BindingArgs) -> PodRequest | BindAnswer | None:
+def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | None:
     """The pod's request read from the API server (a pod filter did not see here); an earlier
     answer for a pod that went after we bound it. Raises BindFailed."""
     try:
         pod = kube.get_pod(args.namespace, args.pod_name)
-    except kube_adapter.KubeError as exc:
+    except KubeError as exc:
         raise BindFailed(
             f"cannot read the pod from the API server: {exc.message}", "apiserver_error"
         ) from None
@@ -358,7 +359,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
     (`RecentRequests`); a pod filter did not see is read from the API server. A repeated bind
     is recognised inside the reservation (or, for a pod that is gone, when it is read).
     """
-    kube = kube_adapter.get_kube()
+    kube = adapter.get_kube()
     request: PodRequest | BindAnswer | None
     known, request = recent_requests.recall(args.pod_uid, args.namespace, args.pod_name)
     if not known:

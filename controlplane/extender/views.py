@@ -23,10 +23,10 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane import kube as kube_adapter
 from controlplane.extender import scheduler, wire
 from controlplane.extender.selectors import inventory_limits
 from controlplane.extender.webhook import review_pod
+from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
 from controlplane.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
 from controlplane.scheduling import RequestError
@@ -145,7 +145,7 @@ def bind_view(request: HttpRequest) -> HttpResponse:
     raw, bad = _args(request)
     if bad is not None:
         return bad
-    kube_adapter.reset_api_ms()
+    reset_api_ms()
     outcome = "invalid"
     try:
         args = wire.parse_binding_args(raw)
@@ -156,8 +156,8 @@ def bind_view(request: HttpRequest) -> HttpResponse:
     except scheduler.BindFailed as exc:
         outcome, error = exc.outcome, exc.message
     BIND_OUTCOMES.labels(outcome=outcome).inc()
-    BIND_APISERVER.observe(kube_adapter.api_ms() / 1000.0)
-    return _json({"Error": error}, headers={APISERVER_HEADER: f"{kube_adapter.api_ms():.3f}"})
+    BIND_APISERVER.observe(api_ms() / 1000.0)
+    return _json({"Error": error}, headers={APISERVER_HEADER: f"{api_ms():.3f}"})
 
 
 # --- admission webhook ---------------------------------------------------------------------------

@@ -30,6 +30,11 @@ from controlplane.scheduling import (
 MISSING_CARD_REASON = "not in the node's latest inventory report"
 
 
+def node_names() -> set[str]:
+    """Every registered node's name (one query)."""
+    return set(Node.objects.values_list("name", flat=True))
+
+
 def scheduling_config() -> SchedulingConfig:
     """The core's configuration from settings.TESSERA (resource names and defaults)."""
     knobs = settings.TESSERA

@@ -17,10 +17,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.kube.sources import PodView
 from controlplane.ledger import services as ledger
 from controlplane.ledger.models import AuditEvent, Card, Node, PodBinding
 from controlplane.ledger.selectors import cluster_snapshot
-from controlplane.reconciler.source import PodView
 from controlplane.scheduling import Assignment
 
 log = logging.getLogger(__name__)

@@ -7,20 +7,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from controlplane.extender import signing
+from controlplane.kube import adapter
+from controlplane.kube.sources import ClusterSource
 from controlplane.reconciler.services import (
     AllocatedContainer,
     AllocatedDevice,
     Allocation,
     InvalidAllocation,
 )
-from controlplane.reconciler.source import ClusterSource
 
 
 def default_source() -> ClusterSource:
     """The cluster as the one Kubernetes adapter sees it (real API server or the stand-in)."""
-    from controlplane import kube
-
-    return kube.cluster_source()
+    return adapter.cluster_source()
 
 
 def verify_allocation(annotations: Mapping[str, str]) -> Allocation:

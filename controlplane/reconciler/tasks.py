@@ -26,9 +26,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.extender.selectors import expired_reservations
+from controlplane.kube.sources import ClusterSource, TemporaryError, WatchExpired
 from controlplane.reconciler import services, sources
 from controlplane.reconciler.models import ReconcileRun
-from controlplane.reconciler.source import ClusterSource, TemporaryError, WatchExpired
 
 log = logging.getLogger(__name__)
 

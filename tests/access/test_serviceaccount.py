@@ -9,10 +9,11 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from controlplane import kube
 from controlplane.access import serviceaccount
 from controlplane.access.roles import Role, role_of
 from controlplane.access.services import grant_role
+from controlplane.kube import adapter
+from controlplane.kube import base as kube
 from controlplane.ledger.models import Node
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +49,7 @@ def reviews(monkeypatch):
             "other-sa": bound("system:serviceaccount:default:builder", "gpu-1"),
         }
     )
-    monkeypatch.setattr(kube, "get_kube", lambda: fake)
+    monkeypatch.setattr(adapter, "get_kube", lambda: fake)
     serviceaccount.clear_cache()
     with override_settings(
         TESSERA={

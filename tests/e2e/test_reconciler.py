@@ -62,7 +62,7 @@ def test_a_reservation_whose_binding_never_came_is_released_after_its_deadline(
     cluster.manage("shell", "--no-startup", "--command", (
         "from datetime import timedelta\n"
         "from django.utils import timezone\n"
-        "from controlplane.kube import get_kube\n"
+        "from controlplane.kube.adapter import get_kube\n"
         "from controlplane.ledger import selectors, services\n"
         "from controlplane.ledger.models import PodBinding\n"
         "from controlplane.scheduling import parse_pod\n"
@@ -129,7 +129,7 @@ def test_a_resume_point_ahead_of_the_api_server_means_a_full_relist(cluster: Clu
     compares it with the API server's current version and relists instead."""
     import time
 
-    from controlplane.kube import RealClusterSource, RealKube
+    from controlplane.kube.real import RealClusterSource, RealKube
     from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
 
     source = RealClusterSource(RealKube("kubeconfig", str(cluster.kubeconfig)))

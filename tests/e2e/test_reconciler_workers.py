@@ -120,7 +120,7 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
     # The ledger as the extender leaves it: the ghosts bound and running, the keeper reserved
     # (its Binding comes later).
     ledger(cluster, (
-        "from controlplane.kube import get_kube\n"
+        "from controlplane.kube.adapter import get_kube\n"
         "from controlplane.ledger import selectors, services\n"
         "from controlplane.scheduling import parse_pod\n"
         "config = selectors.scheduling_config()\n"

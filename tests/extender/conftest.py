@@ -1,7 +1,8 @@
 """Shared pieces of the extender tests: a fake Kubernetes adapter and JSON posting helpers.
 
-The adapter is faked at its getter (`controlplane.kube.get_kube`), never at HTTP: the fake keeps
-pods in memory and applies the API server's bind rules (UID precondition, one assignment).
+The adapter is faked at its getter (`controlplane.kube.adapter.get_kube`), never at HTTP: the
+fake keeps pods in memory and applies the API server's bind rules (UID precondition, one
+assignment).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from controlplane import kube
 from controlplane.extender.scheduler import recent_requests
 from controlplane.extender.snapshots import snapshot_cache
+from controlplane.kube import adapter
+from controlplane.kube import base as kube
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -90,7 +92,7 @@ class FakeKube:
 @pytest.fixture
 def fake_kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
     fake = FakeKube()
-    monkeypatch.setattr(kube, "get_kube", lambda: fake)
+    monkeypatch.setattr(adapter, "get_kube", lambda: fake)
     return fake
 
 

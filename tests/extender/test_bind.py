@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from controlplane import kube
 from controlplane.extender import signing
 from controlplane.extender.selectors import expired_reservations
+from controlplane.kube import base as kube
 from controlplane.ledger.models import PodBinding, SchedulingDecision, Slice
 from tests.builders import make_node
 from tests.extender.builders import bind_args, filter_args, gpu_pod, plain_pod

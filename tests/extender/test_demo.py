@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from controlplane.extender import demo
-from controlplane.extender.models import EmbeddedPod
+from controlplane.kube.models import EmbeddedPod
 from controlplane.ledger.models import PodBinding, Slice
 
 pytestmark = pytest.mark.django_db(transaction=True)

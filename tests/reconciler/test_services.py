@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from controlplane.extender import signing
+from controlplane.kube.sources import PodView
 from controlplane.ledger import services as ledger
 from controlplane.ledger.models import AuditEvent, Node, PodBinding, Slice
 from controlplane.reconciler import services
-from controlplane.reconciler.source import PodView
 from controlplane.reconciler.sources import verify_allocation
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json

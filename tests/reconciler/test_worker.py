@@ -22,7 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.extender import signing
-from controlplane.kube import EmbeddedKube
+from controlplane.kube.embedded import EmbeddedKube
 from controlplane.ledger import services as ledger
 from controlplane.ledger.models import Card, PodBinding, Slice
 from controlplane.reconciler.models import ReconcileRun

@@ -1,6 +1,6 @@
 """The embedded Kubernetes stand-in's storage (DESIGN §7): pods and their bindings.
 
-Only `controlplane.kube.EmbeddedKube` writes these rows. They exist so `make run` on a bare
+Only `controlplane.kube.embedded.EmbeddedKube` writes these rows. They exist so `make run` on a bare
 machine (and the tests) can drive the real extender and bind code paths without a cluster;
 they are never used when a kubeconfig or in-cluster config is present.
 """

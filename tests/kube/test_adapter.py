@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controlplane import kube
+from controlplane.kube.adapter import get_kube
+from controlplane.kube.base import KubeError, api_ms, reset_api_ms
+from controlplane.kube.embedded import EmbeddedKube
+from controlplane.kube.real import RealKube
 from tests.extender.builders import gpu_pod
 
 STATUS_201 = {
@@ -77,7 +80,7 @@ def api_server():
     thread.start()
     config = k8s.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    yield kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+    yield RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
     server.shutdown()
 
 
@@ -102,7 +105,7 @@ def test_reads_and_binds_reuse_one_connection_to_the_api_server() -> None:
     try:
         config = k8s.Configuration()
         config.host = f"http://127.0.0.1:{server.server_address[1]}"
-        api = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        api = RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
         for i in range(5):
             assert api.get_pod("default", "p") is not None
             api.bind_pod("default", "p", f"uid-{i}", "n1", {})
@@ -113,7 +116,7 @@ def test_reads_and_binds_reuse_one_connection_to_the_api_server() -> None:
 
 
 def test_real_client_binding_answered_with_a_status_is_a_success(api_server) -> None:
-    kube.reset_api_ms()
+    reset_api_ms()
     api_server.bind_pod("default", "p", "uid-1", "n1", {"tessera.io/allocation": "{}"})
     method, path, body = FakeApiServer.requests[-1]
     assert (method, path) == ("POST", "/api/v1/namespaces/default/pods/p/binding")
@@ -128,7 +131,7 @@ def test_real_client_binding_answered_with_a_status_is_a_success(api_server) -> 
         },
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
     }
-    assert kube.api_ms() > 0
+    assert api_ms() > 0
 
 
 def test_the_generated_client_alone_would_mistake_that_status_for_a_failure(api_server) -> None:
@@ -144,12 +147,12 @@ def test_the_generated_client_alone_would_mistake_that_status_for_a_failure(api_
 
 def test_real_client_errors_become_kube_errors_with_what_we_know(api_server) -> None:
     FakeApiServer.binding_status = 409
-    with pytest.raises(kube.KubeError) as err:
+    with pytest.raises(KubeError) as err:
         api_server.bind_pod("default", "p", "uid-1", "n1", {})
     assert err.value.status == 409 and err.value.applied is False
     assert "already assigned" in err.value.message
     FakeApiServer.binding_status = 500
-    with pytest.raises(kube.KubeError) as err:
+    with pytest.raises(KubeError) as err:
         api_server.bind_pod("default", "p", "uid-1", "n1", {})
     assert err.value.status == 500 and err.value.applied is None
 
@@ -164,8 +167,8 @@ def test_unreachable_api_server_is_a_not_applied_error() -> None:
     config = k8s.Configuration()
     config.host = "http://127.0.0.1:9"  # discard port: nothing listens
     config.retries = False
-    adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
-    with pytest.raises(kube.KubeError) as err:
+    adapter = RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+    with pytest.raises(KubeError) as err:
         adapter.bind_pod("default", "p", "uid-1", "n1", {})
     assert err.value.applied is False and "unreachable" in err.value.message
 
@@ -175,25 +178,25 @@ def test_unreachable_api_server_is_a_not_applied_error() -> None:
 
 @pytest.mark.django_db
 def test_embedded_pods_create_get_list_bind_watch_delete() -> None:
-    api = kube.EmbeddedKube()
+    api = EmbeddedKube()
     cursor = "0"
     created = api.create_pod(gpu_pod("a"))
     uid = created["metadata"]["uid"]
     assert created["status"]["phase"] == "Pending"
-    with pytest.raises(kube.KubeError) as dup:
+    with pytest.raises(KubeError) as dup:
         api.create_pod(gpu_pod("a"))
     assert dup.value.conflict
     assert api.get_pod("default", "a")["metadata"]["uid"] == uid
     assert api.get_pod("default", "zzz") is None
 
-    with pytest.raises(kube.KubeError) as wrong_uid:
+    with pytest.raises(KubeError) as wrong_uid:
         api.bind_pod("default", "a", "not-the-uid", "n1", {})
     assert wrong_uid.value.conflict and "Precondition" in wrong_uid.value.message
     api.bind_pod("default", "a", uid, "n1", {"tessera.io/allocation": "{}"})
     bound = api.get_pod("default", "a")
     assert bound["spec"]["nodeName"] == "n1"
     assert bound["metadata"]["annotations"]["tessera.io/allocation"] == "{}"
-    with pytest.raises(kube.KubeError) as twice:
+    with pytest.raises(KubeError) as twice:
         api.bind_pod("default", "a", uid, "n2", {})
     assert twice.value.conflict and "already assigned" in twice.value.message
     assert [p["metadata"]["name"] for p in api.list_pods(node_name="n1")] == ["a"]
@@ -203,15 +206,15 @@ def test_embedded_pods_create_get_list_bind_watch_delete() -> None:
     assert api.delete_pod("default", "a") is False
     events = [(e.type, e.pod["metadata"]["name"]) for e in api.watch_pods(cursor, 0)]
     assert events == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
-    with pytest.raises(kube.KubeError) as gone:
+    with pytest.raises(KubeError) as gone:
         api.bind_pod("default", "a", uid, "n1", {})
     assert gone.value.not_found
 
 
 def test_get_kube_follows_the_configured_mode(settings) -> None:
     settings.TESSERA = {**settings.TESSERA, "KUBE_MODE": "embedded"}
-    assert isinstance(kube.get_kube(), kube.EmbeddedKube)
-    assert kube.get_kube() is kube.get_kube()
+    assert isinstance(get_kube(), EmbeddedKube)
+    assert get_kube() is get_kube()
 
 
 def test_real_client_delete_says_whether_the_pod_was_there(api_server) -> None:
@@ -223,7 +226,7 @@ def test_real_client_delete_says_whether_the_pod_was_there(api_server) -> None:
     ]
 
 
-# --- the lean request path (kube._LeanClient) ----------------------------------------------------
+# --- the lean request path (real._LeanClient) ----------------------------------------------------
 
 
 class SeesAuth(KeepAliveApiServer):
@@ -279,7 +282,7 @@ def test_binds_go_over_tls_with_the_configured_ca_client_cert_and_fresh_token(pk
 
         config.api_key["authorization"], config.api_key_prefix["authorization"] = "t0", "Bearer"
         config.refresh_api_key_hook = rotate
-        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        adapter = RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
         assert adapter._lean is not None
         for i in range(3):
             adapter.bind_pod("default", "p", f"uid-{i}", "n1", {})
@@ -300,8 +303,8 @@ def test_a_server_the_ca_does_not_vouch_for_is_unreachable_and_nothing_was_sent(
         config = k8s.Configuration()
         config.host = f"https://127.0.0.1:{server.server_address[1]}"
         config.ssl_ca_cert = str(other / "ca.crt")
-        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
-        with pytest.raises(kube.KubeError) as err:
+        adapter = RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        with pytest.raises(KubeError) as err:
             adapter.bind_pod("default", "p", "uid-1", "n1", {})
         assert err.value.applied is False and "unreachable" in err.value.message
         assert "CERTIFICATE_VERIFY_FAILED" in err.value.message
@@ -318,7 +321,7 @@ def test_a_connection_the_server_closed_is_replaced_before_the_next_bind() -> No
     try:
         config = k8s.Configuration()
         config.host = f"http://127.0.0.1:{server.server_address[1]}"
-        adapter = kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
+        adapter = RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))
         for i in range(5):
             adapter.bind_pod("default", "p", f"uid-{i}", "n1", {})  # no error on the stale one
         assert len(FakeApiServer.requests) == 5 and SeesAuth.connections == 3
@@ -330,8 +333,8 @@ def test_a_proxy_keeps_the_official_client_path() -> None:
     config = k8s.Configuration()
     config.host = "https://127.0.0.1:6443"
     config.proxy = "http://127.0.0.1:3128"
-    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
+    assert RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
     config.proxy, config.tls_server_name = None, "kubernetes.default.svc"
-    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
+    assert RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is None
     config.tls_server_name = None
-    assert kube.RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is not None
+    assert RealKube.with_api(k8s.CoreV1Api(k8s.ApiClient(config)))._lean is not None

@@ -1,133 +1,34 @@
-"""The one Kubernetes adapter of the control plane: the only module that imports `kubernetes`.
+"""A real API server through the official client: the only module that imports `kubernetes`.
 
-Three implementations, one interface (:class:`Kube`):
-
-- :class:`RealKube`: a real API server through the official client (kubeconfig or in-cluster,
-  `settings.TESSERA["KUBE_MODE"]`). Pods travel as the API server's own JSON (camelCase keys,
-  exactly what `parse_pod` reads), never as the client's snake_case models.
-- :class:`EmbeddedKube`: the embedded stand-in of DESIGN §7, pods and bindings in the database
-  (`controlplane.extender.models.EmbeddedPod`); a demo and test aid, never a production mode.
-- tests replace :func:`get_kube` with a fake (monkeypatch), not HTTP.
-
-Every call adds its wall time to a per-thread counter (:func:`api_ms`), so the extender can
-report the API server's share of a bind apart from Tessera's own (header
-`X-Tessera-Apiserver-Ms`, docs/extender.md).
+Pods travel as the API server's own JSON (camelCase keys, exactly what `parse_pod` reads),
+never as the client's snake_case models. `RealClusterSource` gives the reconciler paginated
+lists and resumable watches (`controlplane.kube.sources`).
 """
 
 from __future__ import annotations
 
-import copy
 import http.client
 import json
 import select
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from contextlib import suppress
+from typing import Any
 
-from django.conf import settings
-from django.db import IntegrityError, transaction
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+from urllib3 import exceptions as u3
 
-from controlplane import rawsql
-from controlplane.extender.models import EmbeddedPod, EmbeddedPodEvent
-
-API_TIMEOUT_S = 5.0  # kube-scheduler gives the whole bind 5 s by default; stay inside it
-API_POOL_SIZE = 32  # connections kept to the API server (request threads + the reconciler)
-
-
-class KubeError(Exception):
-    """An API server call failed.
-
-    `status` is the HTTP status when there was an answer. `applied` says what we know about
-    the write: False = certainly not applied (a 4xx refusal, or the request never left), None =
-    unknown (timeout, 5xx, broken connection: the server may have done it).
-    """
-
-    def __init__(self, message: str, status: int | None = None, applied: bool | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.applied = applied
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """One change of a pod: ADDED, MODIFIED or DELETED, with the pod as it was then."""
-
-    type: str
-    pod: dict[str, Any]
-    cursor: str
-
-
-class Kube(Protocol):
-    """What the control plane asks of the API server."""
-
-    mode: str
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The pod's JSON, or None when it does not exist."""
-
-    def list_pods(
-        self, namespace: str | None = None, *, node_name: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Pods (of a namespace, or all), optionally only those on `node_name`."""
-
-    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """Create a pod; returns it as stored (uid, creationTimestamp...)."""
-
-    def delete_pod(self, namespace: str, name: str) -> bool:
-        """Delete a pod; False when it was already gone."""
-
-    def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
-    ) -> None:
-        """POST the Binding subresource: sets spec.nodeName and merges `annotations` into the
-        pod, with `uid` as precondition. Raises KubeError."""
-
-    def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
-        """Changes after `cursor` (None: from now), for up to `timeout_s` seconds."""
-
-
-# --- API time accounting -------------------------------------------------------------------------
-
-_local = threading.local()
-
-
-def reset_api_ms() -> None:
-    """Start counting this thread's API server time from zero."""
-    _local.ms = 0.0
-
-
-def api_ms() -> float:
-    """Milliseconds this thread spent in API server calls since the last reset."""
-    return float(getattr(_local, "ms", 0.0))
-
-
-@contextmanager
-def _timed() -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        _local.ms = api_ms() + (time.perf_counter() - start) * 1000.0
-
-
-# --- the real API server -------------------------------------------------------------------------
+from controlplane.kube.base import API_POOL_SIZE, API_TIMEOUT_S, KubeError, WatchEvent, timed
+from controlplane.kube.sources import (
+    PodEvent,
+    TemporaryError,
+    WatchExpired,
+    pod_view,
+)
 
 
 class _Unreachable(Exception):
@@ -208,8 +109,6 @@ class _LeanClient:
     def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         """The answer's JSON object; ApiException for a non-2xx answer, _Unreachable when the
         connection did not open, OSError or HTTPException when it broke (outcome unknown)."""
-        from kubernetes.client.rest import ApiException
-
         headers = {**self._client.default_headers, "Accept": "application/json"}
         for auth in self._config.auth_settings().values():  # refreshes rotating tokens
             if auth["in"] == "header" and auth["value"]:
@@ -250,8 +149,6 @@ class RealKube:
     """
 
     def __init__(self, mode: str, kubeconfig: str = "") -> None:
-        from kubernetes import client, config
-
         if mode == "incluster":
             config.load_incluster_config()
         else:
@@ -274,9 +171,6 @@ class RealKube:
         return self
 
     def _error(self, exc: Exception, doing: str) -> KubeError:
-        from kubernetes.client.rest import ApiException
-        from urllib3 import exceptions as u3
-
         if isinstance(exc, _Unreachable):
             return KubeError(f"{doing}: API server unreachable: {exc}", None, False)
         if isinstance(exc, ApiException):
@@ -309,8 +203,6 @@ class RealKube:
         bind's path): through `_LeanClient` where it covers the configuration, else through the
         client's own serialisation and connection pool. Raises the client's ApiException for a
         non-2xx answer."""
-        from kubernetes.client.rest import ApiException
-
         if self._lean is not None:
             quoted = {k: urllib.parse.quote(v, safe="") for k, v in params.items()}
             return self._lean.request(method, path.format(**quoted), body)
@@ -335,7 +227,7 @@ class RealKube:
         return decoded if isinstance(decoded, dict) else {}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        with _timed():
+        with timed():
             try:
                 return self._request(
                     "GET",
@@ -352,7 +244,7 @@ class RealKube:
         self, namespace: str | None = None, *, node_name: str | None = None
     ) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={node_name}" if node_name else None
-        with _timed():
+        with timed():
             try:
                 if namespace:
                     response = self._api.list_namespaced_pod(
@@ -368,7 +260,7 @@ class RealKube:
 
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         namespace = pod.get("metadata", {}).get("namespace") or "default"
-        with _timed():
+        with timed():
             try:
                 response = self._api.create_namespaced_pod(
                     namespace, pod, _preload_content=False, _request_timeout=API_TIMEOUT_S
@@ -378,7 +270,7 @@ class RealKube:
             return self._json(response)
 
     def delete_pod(self, namespace: str, name: str) -> bool:
-        with _timed():
+        with timed():
             try:
                 self._request(
                     "DELETE",
@@ -406,7 +298,7 @@ class RealKube:
             },
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        with _timed():
+        with timed():
             try:
                 # The answer is a Status (201), which the generated client would fail to read
                 # as a V1Binding after the bind happened; read raw, it is simply a success.
@@ -421,14 +313,12 @@ class RealKube:
 
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""
-        from kubernetes import client
-
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
             "spec": {"token": token, "audiences": audiences},
         }
-        with _timed():
+        with timed():
             try:
                 response = client.AuthenticationV1Api(self._api.api_client).create_token_review(
                     body, _preload_content=False, _request_timeout=API_TIMEOUT_S
@@ -438,8 +328,6 @@ class RealKube:
             return dict(self._json(response).get("status") or {})
 
     def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
-        from kubernetes import watch
-
         if cursor is None:
             listing = self._json(self._api.list_pod_for_all_namespaces(_preload_content=False))
             cursor = str(listing.get("metadata", {}).get("resourceVersion", ""))
@@ -453,243 +341,6 @@ class RealKube:
             raw = event.get("raw_object") or {}
             version = str(raw.get("metadata", {}).get("resourceVersion", cursor))
             yield WatchEvent(str(event.get("type")), raw, version)
-
-
-# --- the embedded stand-in -----------------------------------------------------------------------
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _json_value(value: Any) -> Any:
-    """A JSON column as read by a plain cursor: text on both backends (Django decodes it only
-    for model fields)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-@rawsql.per_vendor
-def _stand_in_sql() -> dict[str, str]:
-    """The stand-in's hot statements (reading a pod, binding it), hand-written: they run twice
-    per scheduled pod in the scheduler's process (controlplane/rawsql.py says why)."""
-    pod, event = rawsql.table(EmbeddedPod), rawsql.table(EmbeddedPodEvent)
-    key = (
-        f"{rawsql.column(EmbeddedPod, 'namespace')} = %s "
-        f"AND {rawsql.column(EmbeddedPod, 'name')} = %s"
-    )
-    row = ("id", "uid", "node_name", "obj", "resource_version")
-    update = ("obj", "node_name", "resource_version", "updated_at")
-    assignments = ", ".join(f"{rawsql.column(EmbeddedPod, f)} = %s" for f in update)
-    return {
-        "get": f"SELECT {rawsql.column(EmbeddedPod, 'obj')} FROM {pod} WHERE {key}",
-        "lock": (
-            f"SELECT {rawsql.columns(EmbeddedPod, row)} FROM {pod} WHERE {key}{rawsql.for_update()}"
-        ),
-        "update": (f"UPDATE {pod} SET {assignments} WHERE {rawsql.column(EmbeddedPod, 'id')} = %s"),
-        "event": (
-            f"INSERT INTO {event} ({rawsql.columns(EmbeddedPodEvent, ('type', 'obj', 'at'))}) "
-            f"VALUES {rawsql.placeholders(3)}"
-        ),
-    }
-
-
-@dataclass(slots=True)
-class _StandInRow:
-    """One stand-in pod read under its row lock, to change and store with a MODIFIED event."""
-
-    pk: int
-    uid: str
-    node_name: str
-    obj: dict[str, Any]
-    resource_version: int
-
-    @classmethod
-    def locked(cls, namespace: str, name: str) -> _StandInRow | None:
-        rows = rawsql.fetch(_stand_in_sql()["lock"], (namespace, name))
-        if not rows:
-            return None
-        pk, uid, node_name, obj, version = rows[0]
-        return cls(pk, uid, node_name, _json_value(obj), int(version))
-
-    def store(self) -> None:
-        self.resource_version += 1
-        self.obj["metadata"]["resourceVersion"] = str(self.resource_version)
-        now = datetime.now(UTC)
-        sql = _stand_in_sql()
-        update = (
-            rawsql.db_value(EmbeddedPod, "obj", self.obj),
-            self.node_name,
-            self.resource_version,
-            rawsql.db_value(EmbeddedPod, "updated_at", now),
-            self.pk,
-        )
-        rawsql.execute(sql["update"], update)
-        event = (
-            EmbeddedPodEvent.Type.MODIFIED.value,
-            rawsql.db_value(EmbeddedPodEvent, "obj", self.obj),
-            rawsql.db_value(EmbeddedPodEvent, "at", now),
-        )
-        rawsql.execute(sql["event"], event)
-
-
-class EmbeddedKube:
-    """Pods and bindings in the database, with the API server's bind rules (DESIGN §7).
-
-    Bind follows the real `pods/binding` semantics: the UID precondition, refusal of a pod
-    already assigned, annotations merged into the pod in the same write as `spec.nodeName`.
-    """
-
-    mode = "embedded"
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        with _timed():
-            rows = rawsql.fetch(_stand_in_sql()["get"], (namespace, name))
-            return _json_value(rows[0][0]) if rows else None
-
-    def list_pods(
-        self, namespace: str | None = None, *, node_name: str | None = None
-    ) -> list[dict[str, Any]]:
-        with _timed():
-            rows = EmbeddedPod.objects.all()
-            if namespace:
-                rows = rows.filter(namespace=namespace)
-            if node_name is not None:
-                rows = rows.filter(node_name=node_name)
-            return [obj for (obj,) in rows.values_list("obj")]
-
-    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
-        obj = copy.deepcopy(pod)
-        meta = obj.setdefault("metadata", {})
-        meta.setdefault("namespace", "default")
-        if not meta.get("name"):
-            raise KubeError("create pod: metadata.name is required", 422, False)
-        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
-        meta["resourceVersion"] = "1"
-        meta["creationTimestamp"] = _now_rfc3339()
-        spec = obj.setdefault("spec", {})
-        spec.setdefault("schedulerName", "default-scheduler")
-        obj.setdefault("status", {})["phase"] = "Pending"
-        obj.setdefault("apiVersion", "v1")
-        obj.setdefault("kind", "Pod")
-        with _timed():
-            try:
-                with transaction.atomic():
-                    EmbeddedPod.objects.create(
-                        namespace=meta["namespace"],
-                        name=meta["name"],
-                        uid=meta["uid"],
-                        node_name=spec.get("nodeName") or "",
-                        obj=obj,
-                    )
-                    EmbeddedPodEvent.objects.create(type=EmbeddedPodEvent.Type.ADDED, obj=obj)
-            except IntegrityError:
-                raise KubeError(
-                    f"create pod: pods {meta['name']!r} already exists in {meta['namespace']}",
-                    409,
-                    False,
-                ) from None
-        return obj
-
-    def delete_pod(self, namespace: str, name: str) -> bool:
-        with _timed(), transaction.atomic():
-            row = EmbeddedPod.objects.select_for_update().filter(namespace=namespace, name=name)
-            found = row.first()
-            if found is None:
-                return False
-            EmbeddedPodEvent.objects.create(type=EmbeddedPodEvent.Type.DELETED, obj=found.obj)
-            found.delete()
-            return True
-
-    def set_phase(self, namespace: str, name: str, phase: str) -> bool:
-        """What the kubelet would report (the demo marks its pods Running); False if gone."""
-        with _timed(), transaction.atomic():
-            row = _StandInRow.locked(namespace, name)
-            if row is None:
-                return False
-            row.obj.setdefault("status", {})["phase"] = phase
-            row.store()
-            return True
-
-    def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
-    ) -> None:
-        with _timed(), transaction.atomic():
-            row = _StandInRow.locked(namespace, name)
-            if row is None:
-                raise KubeError(f'pods "{name}" not found', 404, False)
-            if uid and row.uid != uid:
-                raise KubeError(
-                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
-                    f"{row.uid}",
-                    409,
-                    False,
-                )
-            if row.node_name:
-                raise KubeError(
-                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
-                    f'already assigned to node "{row.node_name}"',
-                    409,
-                    False,
-                )
-            meta = row.obj.setdefault("metadata", {})
-            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-            row.obj.setdefault("spec", {})["nodeName"] = node
-            conditions = row.obj.setdefault("status", {}).setdefault("conditions", [])
-            conditions.append(
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now_rfc3339()}
-            )
-            row.node_name = node
-            row.store()
-
-    def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
-        """Watch by polling the event table (every 50 ms) until `timeout_s` passes."""
-        deadline = time.monotonic() + timeout_s
-        last = int(cursor) if cursor else self._latest_event_id()
-        while True:
-            with _timed():
-                events = list(
-                    EmbeddedPodEvent.objects.filter(id__gt=last).values_list("id", "type", "obj")[
-                        :500
-                    ]
-                )
-            for event_id, kind, obj in events:
-                last = event_id
-                yield WatchEvent(kind, obj, str(event_id))
-            if time.monotonic() >= deadline:
-                return
-            if not events:
-                time.sleep(0.05)
-
-    @staticmethod
-    def _latest_event_id() -> int:
-        latest = EmbeddedPodEvent.objects.order_by("-id").values_list("id", flat=True).first()
-        return int(latest or 0)
-
-
-# --- the getter ----------------------------------------------------------------------------------
-
-_lock = threading.Lock()
-_instances: dict[str, Kube] = {}
-
-
-def get_kube() -> Kube:
-    """The adapter for `settings.TESSERA["KUBE_MODE"]`, one per process (tests replace this)."""
-    mode = settings.TESSERA["KUBE_MODE"]
-    found = _instances.get(mode)
-    if found is None:
-        with _lock:
-            found = _instances.get(mode)
-            if found is None:
-                found = (
-                    EmbeddedKube()
-                    if mode == "embedded"
-                    else RealKube(mode, settings.TESSERA.get("KUBECONFIG", ""))
-                )
-                _instances[mode] = found
-    return found
-
-
-# --- the reconciler's view of the cluster (controlplane.reconciler.source.ClusterSource) ------
 
 
 def _resume_point_lost(status: int | None, message: str, details: Any = None) -> bool:
@@ -714,9 +365,7 @@ class RealClusterSource:
         self._rv = ""
 
     def _call(self, doing: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        from controlplane.reconciler.source import TemporaryError, WatchExpired
-
-        with _timed():
+        with timed():
             try:
                 return self.kube._json(fn(*args, _preload_content=False, **kwargs))
             except Exception as exc:  # translated into the reconciler's two error kinds
@@ -740,8 +389,6 @@ class RealClusterSource:
                 return items, str(meta.get("resourceVersion", ""))
 
     def list_pods(self, page_size: int = 500) -> tuple[list[Any], str]:
-        from controlplane.reconciler.source import WatchExpired, pod_view
-
         api = self.kube._api
         try:
             items, rv = self._paged("list pods", api.list_pod_for_all_namespaces, page_size)
@@ -751,10 +398,6 @@ class RealClusterSource:
         return [pod_view(item) for item in items], rv
 
     def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
-        from kubernetes import watch
-
-        from controlplane.reconciler.source import PodEvent, TemporaryError, WatchExpired, pod_view
-
         self._rv = resource_version
         stream = watch.Watch().stream(
             self.kube._api.list_pod_for_all_namespaces,
@@ -785,8 +428,6 @@ class RealClusterSource:
             raise TemporaryError(error.message) from exc
 
     def get_pod(self, namespace: str, name: str) -> Any:
-        from controlplane.reconciler.source import TemporaryError, pod_view
-
         try:
             obj = self.kube.get_pod(namespace, name)
         except KubeError as exc:
@@ -805,56 +446,3 @@ class RealClusterSource:
 
     def last_resource_version(self) -> str:
         return self._rv
-
-
-class EmbeddedClusterSource:
-    """The stand-in's pods; its resourceVersion is the id of the last event row."""
-
-    def __init__(self, kube: EmbeddedKube) -> None:
-        self.kube = kube
-        self._rv = ""
-
-    def list_pods(self, page_size: int = 500) -> tuple[list[Any], str]:
-        from controlplane.reconciler.source import pod_view
-
-        with transaction.atomic():  # the list and its version from one snapshot
-            rv = str(self.kube._latest_event_id())
-            pods = [pod_view(obj) for obj in self.kube.list_pods()]
-        self._rv = rv
-        return pods, rv
-
-    def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
-        from controlplane.reconciler.source import PodEvent, pod_view
-
-        self._rv = resource_version
-        for event in self.kube.watch_pods(resource_version, timeout_s):
-            self._rv = event.cursor
-            yield PodEvent(event.type, pod_view(event.pod))
-
-    def get_pod(self, namespace: str, name: str) -> Any:
-        from controlplane.reconciler.source import pod_view
-
-        obj = self.kube.get_pod(namespace, name)
-        return None if obj is None else pod_view(obj)
-
-    def list_node_names(self) -> set[str]:
-        # The stand-in keeps no Node objects: the ledger's nodes are the cluster's nodes.
-        from controlplane.ledger.models import Node
-
-        return set(Node.objects.values_list("name", flat=True))
-
-    def last_resource_version(self) -> str:
-        return self._rv
-
-    def current_resource_version(self) -> str:
-        return str(self.kube._latest_event_id())
-
-
-def cluster_source() -> Any:
-    """The reconciler's ClusterSource for the configured cluster (or the stand-in)."""
-    kube = get_kube()
-    if isinstance(kube, EmbeddedKube):
-        return EmbeddedClusterSource(kube)
-    if isinstance(kube, RealKube):
-        return RealClusterSource(kube)
-    raise TypeError(f"no cluster source for {type(kube).__name__}")

@@ -1,7 +1,8 @@
 """What the reconciler needs to know of the cluster, as plain values.
 
-The Kubernetes adapter (`controlplane.kube`) turns API objects into these; the reconciler never
-sees a `kubernetes` object, and tests can hand it lists directly.
+The cluster sources (`real.RealClusterSource`, `embedded.EmbeddedClusterSource`) turn API objects
+into these; the reconciler never sees a `kubernetes` object, and tests can hand it lists
+directly.
 """
 
 from __future__ import annotations

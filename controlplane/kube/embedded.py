@@ -1,0 +1,268 @@
+"""The embedded stand-in for the Kubernetes API (DESIGN §7): pods and bindings in the database.
+
+A demo and test aid, never a production mode: `make run` on a bare machine (and the tests) drive
+the real extender and bind code paths against it. `EmbeddedClusterSource` is the reconciler's
+view of it (`controlplane.kube.sources`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from controlplane import rawsql
+from controlplane.kube.base import KubeError, WatchEvent, timed
+from controlplane.kube.models import EmbeddedPod, EmbeddedPodEvent
+from controlplane.kube.sources import PodEvent, pod_view
+from controlplane.ledger.selectors import node_names
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column as read by a plain cursor: text on both backends (Django decodes it only
+    for model fields)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@rawsql.per_vendor
+def _stand_in_sql() -> dict[str, str]:
+    """The stand-in's hot statements (reading a pod, binding it), hand-written: they run twice
+    per scheduled pod in the scheduler's process (controlplane/rawsql.py says why)."""
+    pod, event = rawsql.table(EmbeddedPod), rawsql.table(EmbeddedPodEvent)
+    key = (
+        f"{rawsql.column(EmbeddedPod, 'namespace')} = %s "
+        f"AND {rawsql.column(EmbeddedPod, 'name')} = %s"
+    )
+    row = ("id", "uid", "node_name", "obj", "resource_version")
+    update = ("obj", "node_name", "resource_version", "updated_at")
+    assignments = ", ".join(f"{rawsql.column(EmbeddedPod, f)} = %s" for f in update)
+    return {
+        "get": f"SELECT {rawsql.column(EmbeddedPod, 'obj')} FROM {pod} WHERE {key}",
+        "lock": (
+            f"SELECT {rawsql.columns(EmbeddedPod, row)} FROM {pod} WHERE {key}{rawsql.for_update()}"
+        ),
+        "update": (f"UPDATE {pod} SET {assignments} WHERE {rawsql.column(EmbeddedPod, 'id')} = %s"),
+        "event": (
+            f"INSERT INTO {event} ({rawsql.columns(EmbeddedPodEvent, ('type', 'obj', 'at'))}) "
+            f"VALUES {rawsql.placeholders(3)}"
+        ),
+    }
+
+
+@dataclass(slots=True)
+class _StandInRow:
+    """One stand-in pod read under its row lock, to change and store with a MODIFIED event."""
+
+    pk: int
+    uid: str
+    node_name: str
+    obj: dict[str, Any]
+    resource_version: int
+
+    @classmethod
+    def locked(cls, namespace: str, name: str) -> _StandInRow | None:
+        rows = rawsql.fetch(_stand_in_sql()["lock"], (namespace, name))
+        if not rows:
+            return None
+        pk, uid, node_name, obj, version = rows[0]
+        return cls(pk, uid, node_name, _json_value(obj), int(version))
+
+    def store(self) -> None:
+        self.resource_version += 1
+        self.obj["metadata"]["resourceVersion"] = str(self.resource_version)
+        now = datetime.now(UTC)
+        sql = _stand_in_sql()
+        update = (
+            rawsql.db_value(EmbeddedPod, "obj", self.obj),
+            self.node_name,
+            self.resource_version,
+            rawsql.db_value(EmbeddedPod, "updated_at", now),
+            self.pk,
+        )
+        rawsql.execute(sql["update"], update)
+        event = (
+            EmbeddedPodEvent.Type.MODIFIED.value,
+            rawsql.db_value(EmbeddedPodEvent, "obj", self.obj),
+            rawsql.db_value(EmbeddedPodEvent, "at", now),
+        )
+        rawsql.execute(sql["event"], event)
+
+
+class EmbeddedKube:
+    """Pods and bindings in the database, with the API server's bind rules (DESIGN §7).
+
+    Bind follows the real `pods/binding` semantics: the UID precondition, refusal of a pod
+    already assigned, annotations merged into the pod in the same write as `spec.nodeName`.
+    """
+
+    mode = "embedded"
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with timed():
+            rows = rawsql.fetch(_stand_in_sql()["get"], (namespace, name))
+            return _json_value(rows[0][0]) if rows else None
+
+    def list_pods(
+        self, namespace: str | None = None, *, node_name: str | None = None
+    ) -> list[dict[str, Any]]:
+        with timed():
+            rows = EmbeddedPod.objects.all()
+            if namespace:
+                rows = rows.filter(namespace=namespace)
+            if node_name is not None:
+                rows = rows.filter(node_name=node_name)
+            return [obj for (obj,) in rows.values_list("obj")]
+
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(pod)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        if not meta.get("name"):
+            raise KubeError("create pod: metadata.name is required", 422, False)
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["resourceVersion"] = "1"
+        meta["creationTimestamp"] = _now_rfc3339()
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("schedulerName", "default-scheduler")
+        obj.setdefault("status", {})["phase"] = "Pending"
+        obj.setdefault("apiVersion", "v1")
+        obj.setdefault("kind", "Pod")
+        with timed():
+            try:
+                with transaction.atomic():
+                    EmbeddedPod.objects.create(
+                        namespace=meta["namespace"],
+                        name=meta["name"],
+                        uid=meta["uid"],
+                        node_name=spec.get("nodeName") or "",
+                        obj=obj,
+                    )
+                    EmbeddedPodEvent.objects.create(type=EmbeddedPodEvent.Type.ADDED, obj=obj)
+            except IntegrityError:
+                raise KubeError(
+                    f"create pod: pods {meta['name']!r} already exists in {meta['namespace']}",
+                    409,
+                    False,
+                ) from None
+        return obj
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        with timed(), transaction.atomic():
+            row = EmbeddedPod.objects.select_for_update().filter(namespace=namespace, name=name)
+            found = row.first()
+            if found is None:
+                return False
+            EmbeddedPodEvent.objects.create(type=EmbeddedPodEvent.Type.DELETED, obj=found.obj)
+            found.delete()
+            return True
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> bool:
+        """What the kubelet would report (the demo marks its pods Running); False if gone."""
+        with timed(), transaction.atomic():
+            row = _StandInRow.locked(namespace, name)
+            if row is None:
+                return False
+            row.obj.setdefault("status", {})["phase"] = phase
+            row.store()
+            return True
+
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        with timed(), transaction.atomic():
+            row = _StandInRow.locked(namespace, name)
+            if row is None:
+                raise KubeError(f'pods "{name}" not found', 404, False)
+            if uid and row.uid != uid:
+                raise KubeError(
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                    f"{row.uid}",
+                    409,
+                    False,
+                )
+            if row.node_name:
+                raise KubeError(
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                    f'already assigned to node "{row.node_name}"',
+                    409,
+                    False,
+                )
+            meta = row.obj.setdefault("metadata", {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+            row.obj.setdefault("spec", {})["nodeName"] = node
+            conditions = row.obj.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now_rfc3339()}
+            )
+            row.node_name = node
+            row.store()
+
+    def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
+        """Watch by polling the event table (every 50 ms) until `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        last = int(cursor) if cursor else self._latest_event_id()
+        while True:
+            with timed():
+                events = list(
+                    EmbeddedPodEvent.objects.filter(id__gt=last).values_list("id", "type", "obj")[
+                        :500
+                    ]
+                )
+            for event_id, kind, obj in events:
+                last = event_id
+                yield WatchEvent(kind, obj, str(event_id))
+            if time.monotonic() >= deadline:
+                return
+            if not events:
+                time.sleep(0.05)
+
+    @staticmethod
+    def _latest_event_id() -> int:
+        latest = EmbeddedPodEvent.objects.order_by("-id").values_list("id", flat=True).first()
+        return int(latest or 0)
+
+
+class EmbeddedClusterSource:
+    """The stand-in's pods; its resourceVersion is the id of the last event row."""
+
+    def __init__(self, kube: EmbeddedKube) -> None:
+        self.kube = kube
+        self._rv = ""
+
+    def list_pods(self, page_size: int = 500) -> tuple[list[Any], str]:
+        with transaction.atomic():  # the list and its version from one snapshot
+            rv = str(self.kube._latest_event_id())
+            pods = [pod_view(obj) for obj in self.kube.list_pods()]
+        self._rv = rv
+        return pods, rv
+
+    def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
+        self._rv = resource_version
+        for event in self.kube.watch_pods(resource_version, timeout_s):
+            self._rv = event.cursor
+            yield PodEvent(event.type, pod_view(event.pod))
+
+    def get_pod(self, namespace: str, name: str) -> Any:
+        obj = self.kube.get_pod(namespace, name)
+        return None if obj is None else pod_view(obj)
+
+    def list_node_names(self) -> set[str]:
+        # The stand-in keeps no Node objects: the ledger's nodes are the cluster's nodes.
+        return node_names()
+
+    def last_resource_version(self) -> str:
+        return self._rv
+
+    def current_resource_version(self) -> str:
+        return str(self.kube._latest_event_id())
