@@ -347,6 +347,9 @@ TESSERA = {
     "FILTER_SNAPSHOT_TTL_MS": env_int("TESSERA_FILTER_SNAPSHOT_TTL_MS", 250, low=0, high=5000),
     # Write the decision log from a background thread, off the filter's hot path.
     "DECISION_LOG_ASYNC": env_bool("TESSERA_DECISION_LOG_ASYNC", True),
+    # Confirm bound reservations from a background thread in batches, off bind's path (never
+    # dropped: ledger/services/confirmations.py).
+    "CONFIRM_ASYNC": env_bool("TESSERA_CONFIRM_ASYNC", True),
     # Largest extender / webhook body read (a v1.Pod plus NodeNames of a big cluster).
     "EXTENDER_MAX_BODY": env_int(
         "TESSERA_EXTENDER_MAX_BODY", 1024 * 1024, low=64 * 1024, high=64 * 1024 * 1024

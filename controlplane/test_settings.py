@@ -33,4 +33,5 @@ TESSERA = {
     "FILTER_SNAPSHOT_TTL_MS": 0,
     "SERVE_EXTENDER": True,
     "DECISION_LOG_ASYNC": False,
+    "CONFIRM_ASYNC": False,
 }

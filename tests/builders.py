@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from controlplane.access.roles import Role
 from controlplane.access.services import create_token
-from controlplane.ledger.services import CardReport, InventoryReport, apply_inventory
+from controlplane.ledger.services.nodes import CardReport, InventoryReport, apply_inventory
 
 
 def card_report(uuid: str, index: int = 0, memory_mib: int = 81920, **kw: Any) -> CardReport:

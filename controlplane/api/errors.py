@@ -16,7 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from controlplane.ledger.services import ServiceError
+from controlplane.ledger.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
-from controlplane.ledger.services import CardReport, InventoryReport
+from controlplane.ledger.services.nodes import CardReport, InventoryReport
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake

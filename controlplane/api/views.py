@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.serializers import InventoryReportSerializer
-from controlplane.ledger import services
+from controlplane.ledger.services import nodes
 from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 
@@ -43,7 +43,7 @@ class NodeInventoryView(APIView):
             )
         serializer = InventoryReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        result = services.apply_inventory(
+        result = nodes.apply_inventory(
             name, serializer.to_report(), actor=request.user.get_username()
         )
         body = {

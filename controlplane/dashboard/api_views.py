@@ -22,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.access.roles import Role, has_role
-from controlplane.dashboard import selectors, services
+from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
     CardDetailSerializer,
@@ -34,6 +34,7 @@ from controlplane.dashboard.serializers import (
     SliceSerializer,
 )
 from controlplane.ledger.models import PodBinding
+from controlplane.ledger.services import cordons, quotas
 from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
 MAX_PAGE_SIZE = 500
@@ -180,7 +181,7 @@ class QuotaListView(GenericAPIView):
         serializer = QuotaSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         namespace = serializer.validated_data["namespace"]
-        services.set_quota(
+        quotas.set_quota(
             namespace, serializer.limits(), request.user.get_username(), create_only=True
         )
         return _quota_response(namespace, status.HTTP_201_CREATED)
@@ -212,8 +213,8 @@ class QuotaDetailView(GenericAPIView):
             if not existing:
                 raise NotFound(f"namespace {namespace} has no quota; PUT creates one.")
             row = existing[0]
-            base = services.QuotaLimitsInput(row.gpumem_mib, row.gpucores, row.gpus)
-        _, created = services.set_quota(
+            base = quotas.QuotaLimitsInput(row.gpumem_mib, row.gpucores, row.gpus)
+        _, created = quotas.set_quota(
             namespace, serializer.limits(base), request.user.get_username()
         )
         return _quota_response(namespace, status.HTTP_201_CREATED if created else 200)
@@ -236,7 +237,7 @@ class QuotaDetailView(GenericAPIView):
     )
     def delete(self, request: Request, namespace: str) -> Response:
         _check_url_namespace(namespace)
-        services.delete_quota(namespace, request.user.get_username())
+        quotas.delete_quota(namespace, request.user.get_username())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -347,7 +348,7 @@ class NodeCordonView(_CordonView):
     @extend_schema(summary="Cordon or uncordon a node (operator)", responses=NodeSerializer)
     def post(self, request: Request, name: str) -> Response:
         reason = self._reason(request)
-        services.set_node_cordon(name, self.cordon, request.user.get_username(), reason)
+        cordons.set_node_cordon(name, self.cordon, request.user.get_username(), reason)
         node = selectors.node_detail(name)
         return Response(NodeSerializer(node).data)
 
@@ -358,7 +359,7 @@ class CardCordonView(_CordonView):
     @extend_schema(summary="Cordon or uncordon a card (operator)", responses=CardSerializer)
     def post(self, request: Request, uuid: str) -> Response:
         reason = self._reason(request)
-        services.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
+        cordons.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
         detail = selectors.card_detail(uuid)
         assert detail is not None  # the service raised NotFound otherwise
         return Response(CardSerializer(detail.card).data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-from controlplane.dashboard.services import MAX_QUOTA, QuotaLimitsInput
+from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
 

@@ -25,8 +25,10 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from controlplane import rawsql
 from controlplane.access.permissions import IsViewer
 from controlplane.dashboard import selectors
+from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import Card, Slice
 from controlplane.metrics import process_registry
 from controlplane.reconciler.models import ReconcileRun
@@ -115,10 +117,9 @@ def _cards_and_slices() -> list[Family]:
     healthy = card_family("healthy", "1 when the node plugin reports the card healthy.")
     cordoned = card_family("cordoned", "1 when an operator cordoned the card.")
     present = card_family("present", "1 when the card is in its node's latest report.")
-    usage = selectors.card_usage()
+    held = ledger_usage.card_usage()
     where: dict[int, tuple[str, str]] = {}
-    empty = selectors.Usage()
-    for row in selectors.plain_rows(
+    for row in rawsql.rows_of(
         Card.objects.order_by().values_list(
             "id",
             "uuid",
@@ -136,7 +137,7 @@ def _cards_and_slices() -> list[Family]:
         card_id, uuid, index, model, node = row[:5]
         where[card_id] = (node, uuid)
         labels = (node, uuid, str(index), model)
-        used = usage.get(card_id, empty)
+        used = held.get(card_id, ledger_usage.EMPTY_CARD)
         memory.add(labels, row[5])
         memory_used.add(labels, used.memory_mib)
         compute.add(labels, row[6])
@@ -157,7 +158,7 @@ def _cards_and_slices() -> list[Family]:
         "Compute limit of an active slice (percent of the card).",
         SLICE_LABELS,
     )
-    rows = selectors.plain_rows(
+    rows = rawsql.rows_of(
         Slice.objects.filter(active=True)
         .order_by()
         .values_list(

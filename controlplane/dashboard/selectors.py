@@ -2,25 +2,26 @@
 
 Every selector here issues the same number of queries however many nodes, cards and slices
 there are (tests lock the counts): rows come from `values_list` and are folded in one pass in
-Python. A card's allocation follows the scheduling core's rule (`claims_per_card`: an init
-container counts at its peak, not on top of the app containers), so the dashboard and the
-scheduler never disagree on how full a card is.
+Python. How full a card or a namespace is comes from the ledger's one usage arithmetic
+(`controlplane.ledger.usage`, the scheduling core's rule), so the dashboard and the scheduler
+never disagree; where's a pod stands, from `controlplane.ledger.why`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db import connections
-from django.db.models import Case, Count, Exists, Max, OuterRef, Q, QuerySet, Sum, Value, When
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from controlplane import rawsql
 from controlplane.dashboard.models import AllocationSample
+from controlplane.ledger import usage as ledger_usage
+from controlplane.ledger import why
 from controlplane.ledger.models import (
     AuditEvent,
     Card,
@@ -30,146 +31,12 @@ from controlplane.ledger.models import (
     SchedulingDecision,
     Slice,
 )
-from controlplane.scheduling import (
-    LedgerSlice,
-    SliceClaim,
-    card_claims,
-    claims_per_card,
-    pod_claims,
-)
+from controlplane.scheduling import CardClaim, QuotaUsage
 
 PAGE_SIZE = 50
 CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
 CARD_HISTORY_ACTIONS = (*CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon")
 ACTIVE_PHASES = tuple(str(p) for p in PodBinding.ACTIVE_PHASES)
-
-
-# --- folding slice rows into claims --------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Usage:
-    """Room held on one card (or by one namespace): memory, compute, slots, exclusive flag."""
-
-    memory_mib: int = 0
-    cores: int = 0
-    slots: int = 0
-    exclusive: bool = False
-
-    def add(self, memory_mib: int, cores: int, slots: int, exclusive: bool) -> None:
-        self.memory_mib += memory_mib
-        self.cores += cores
-        self.slots += slots
-        self.exclusive = self.exclusive or exclusive
-
-
-# (binding_id, card_id, container_index, init_container, memory_mib, compute_percent)
-SliceRow = LedgerSlice
-SLICE_ROW_FIELDS = (
-    "binding_id",
-    "card_id",
-    "container_index",
-    "init_container",
-    "memory_mib",
-    "compute_percent",
-)
-
-
-def binding_card_claims(rows: Iterable[SliceRow]) -> Iterable[tuple[int, int, Usage]]:
-    """(binding_id, card_id, claim) for every pod and card, by the core's init-container rule
-    (`pod_claims`: pods without init slices, nearly all, are simply summed)."""
-    for binding_id, card_id, claim in pod_claims(rows):
-        yield (
-            binding_id,
-            card_id,
-            Usage(claim.memory_mib, claim.cores, claim.slots, claim.exclusive),
-        )
-
-
-def usage_per_card(rows: Iterable[SliceRow]) -> dict[int, Usage]:
-    """Per card id, the sum over pods of each pod's claim there."""
-    return {
-        card_id: Usage(c.memory_mib, c.cores, c.slots, c.exclusive)
-        for card_id, c in card_claims(rows).items()
-    }
-
-
-def plain_rows(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:
-    """Rows of a `values_list` queryset, fetched without Django's per-value converters.
-
-    At cluster scale (8,000 cards, 20,000 slices) the converters cost more than the query. Only
-    for columns whose database values are already what the caller needs: integers, text, and
-    booleans used as truth values (SQLite gives 0/1). The SQL is still built by the ORM, and the
-    query still goes through Django's cursor (so query counting sees it).
-    """
-    sql, params = qs.query.get_compiler(using=qs.db).as_sql()
-    with connections[qs.db].cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-def _init_corrections(
-    slices: QuerySet[Slice], *extra: str
-) -> list[tuple[tuple[Any, ...], int, int, Usage]]:
-    """For pods that hold init slices: what the core's rule adds on top of their app slices.
-
-    Returns (extra values, binding_id, card_id, delta) where delta = the pod's claim on the card
-    minus the plain sum of its app slices there (delta.slots may be 1 for an init-only card).
-    One query, over only the pods with an active init slice (few: init containers are short).
-    """
-    with_init = slices.filter(active=True, init_container=True).values("binding_id")
-    rows = list(
-        slices.filter(active=True, binding_id__in=with_init)
-        .order_by()
-        .values_list(*SLICE_ROW_FIELDS, *extra)
-    )
-    extra_of = {r[0]: tuple(r[6:]) for r in rows}
-    plain: dict[tuple[int, int], Usage] = defaultdict(Usage)
-    for binding_id, card_id, _, init, memory, cores, *_ in rows:
-        if not init:
-            plain[(binding_id, card_id)].add(memory, cores, 1, False)
-    folded: dict[int, list[SliceClaim]] = defaultdict(list)
-    for binding_id, card_id, index, init, memory, cores, *_ in rows:
-        folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores))
-    out = []
-    for binding_id, claims in folded.items():
-        for card_key, claim in claims_per_card(claims).items():
-            base = plain.get((binding_id, int(card_key))) or Usage()
-            delta = Usage(
-                claim.memory_mib - base.memory_mib,
-                claim.cores - base.cores,
-                claim.slots - base.slots,
-                claim.exclusive,
-            )
-            out.append((extra_of[binding_id], binding_id, int(card_key), delta))
-    return out
-
-
-_EXCLUSIVE = Max(Case(When(compute_percent__gte=100, then=Value(1)), default=Value(0)))
-
-
-def card_usage(slices: QuerySet[Slice] | None = None) -> dict[int, Usage]:
-    """Per card id, the sum of every pod's claim there (two queries).
-
-    The database sums the app slices per card; only pods with init slices are folded here,
-    through the core's `claims_per_card`. Same figures as `usage_per_card`, without reading
-    every slice row.
-    """
-    slices = Slice.objects.all() if slices is None else slices
-    totals: dict[int, Usage] = defaultdict(Usage)
-    app = (
-        slices.filter(active=True, init_container=False)
-        .order_by()
-        .values_list("card_id")
-        .annotate(
-            mem=Sum("memory_mib"), cores=Sum("compute_percent"), n=Count("id"), excl=_EXCLUSIVE
-        )
-    )
-    for card_id, memory, cores, n, exclusive in plain_rows(app):
-        totals[card_id].add(memory, cores, n, bool(exclusive))
-    for _, _, card_id, delta in _init_corrections(slices):
-        totals[card_id].add(delta.memory_mib, delta.cores, delta.slots, delta.exclusive)
-    return totals
 
 
 def slice_sizes() -> Counter[int]:
@@ -180,7 +47,7 @@ def slice_sizes() -> Counter[int]:
         .values_list("memory_mib")
         .annotate(n=Count("id"))
     )
-    return Counter(dict(plain_rows(rows)))
+    return Counter(dict(rawsql.rows_of(rows)))
 
 
 # --- overview ------------------------------------------------------------------------------------
@@ -290,7 +157,7 @@ def cluster_overview() -> Overview:
         ready=Count("id", filter=Q(ready=True)),
         cordoned=Count("id", filter=Q(cordoned=True)),
     )
-    cards = plain_rows(
+    cards = rawsql.rows_of(
         Card.objects.order_by().values_list(
             "id",
             "memory_mib",
@@ -303,7 +170,7 @@ def cluster_overview() -> Overview:
             "node__cordoned",
         )
     )
-    usage = card_usage()
+    held = ledger_usage.card_usage()
     sizes = slice_sizes()
     common = common_request_size(sizes)
     counts: dict[str, int] = defaultdict(int)
@@ -312,7 +179,7 @@ def cluster_overview() -> Overview:
         if not present:
             counts["missing"] += 1
             continue
-        used = usage.get(card_id) or Usage()
+        used = held.get(card_id, ledger_usage.EMPTY_CARD)
         counts["cards"] += 1
         counts["unhealthy"] += not healthy
         counts["cordoned"] += cordoned
@@ -435,7 +302,7 @@ class CardView:
     cordoned: bool
     present: bool
     node_name: str
-    usage: Usage = field(default_factory=Usage)
+    usage: CardClaim = ledger_usage.EMPTY_CARD
     slices: list[SliceView] = field(default_factory=list)
 
     @property
@@ -502,7 +369,12 @@ CARD_FIELDS = (
     "node__name",
 )
 SLICE_VIEW_FIELDS = (
-    *SLICE_ROW_FIELDS,
+    "binding_id",
+    "card_id",
+    "container_index",
+    "init_container",
+    "memory_mib",
+    "compute_percent",
     "binding__namespace",
     "binding__name",
     "binding__pod_uid",
@@ -523,9 +395,9 @@ def card_views(
     if slices_qs is None:
         slices_qs = Slice.objects.filter(card_id__in=list(by_id))
     rows = list(slices_qs.filter(active=True).values_list(*SLICE_VIEW_FIELDS))
-    for card_id, usage in usage_per_card(r[:6] for r in rows).items():
+    for card_id, claim in ledger_usage.claims_of(r[:6] for r in rows).items():
         if card_id in by_id:
-            by_id[card_id].usage = usage
+            by_id[card_id].usage = claim
     for _, card_id, _, init, memory, cores, namespace, pod, uid, phase, container in rows:
         card = by_id.get(card_id)
         if card is None:
@@ -784,11 +656,17 @@ class PodDetail:
     binding: BindingView | None
     decision: SchedulingDecision | None
     earlier_bindings: int
+    status: why.PodStatus | None
 
     @property
     def why(self) -> str:
-        """Where the pod stands, in plain words."""
-        return explain_pod(self.binding, self.decision)
+        """Where the pod stands, in plain words (the same answer as the REST API's)."""
+        if self.status is None:
+            return (
+                "Tessera has no record of this pod: it asks for no managed GPU resource, or the "
+                "scheduler has not yet asked the extender about it."
+            )
+        return self.status.text
 
 
 def pod_detail(namespace: str, name: str) -> PodDetail:
@@ -803,45 +681,15 @@ def pod_detail(namespace: str, name: str) -> PodDetail:
         .order_by("-decided_at", "-id")
         .first()
     )
-    return PodDetail(namespace, name, views[0] if views else None, decision, earlier)
-
-
-def explain_pod(binding: BindingView | None, decision: SchedulingDecision | None) -> str:
-    """A paragraph that says why a pod is (or is not) pending, for people, not machines."""
-    if binding is not None and binding.phase in ("bound", "allocated"):
-        where = f"on node {binding.node_name}" if binding.node_name else ""
-        state = "has its GPUs" if binding.phase == "allocated" else "is bound"
-        return (
-            f"Not pending: the pod {state} {where}, holding {binding.memory_mib} MiB and "
-            f"{binding.cores}% compute on {len(binding.cards)} card(s)."
-        )
-    if binding is not None and binding.phase == "reserved":
-        return (
-            f"Room is reserved on node {binding.node_name}; Tessera is waiting for the Kubernetes "
-            "API server to accept the pod's Binding. If it does not before the reservation's "
-            "deadline, the reconciler frees the room and the scheduler tries again."
-        )
-    if decision is not None and decision.outcome in ("unschedulable", "invalid", "bind_failed"):
-        text = decision.summary.strip() or "The scheduler found no node with room."
-        if decision.outcome == "unschedulable":
-            counts = sorted(decision.reason_counts.items(), key=lambda kv: (-kv[1], kv[0]))
-            if counts:
-                parts = ", ".join(f"{n} node(s): {code.replace('_', ' ')}" for code, n in counts)
-                text += f" Of {decision.nodes_considered} node(s) considered: {parts}."
-            return "Pending: " + text
-        if decision.outcome == "invalid":
-            return "Never schedulable as written: " + text + " Fix the pod's GPU request."
-        return "Pending: the last bind failed. " + text
-    if binding is not None and binding.phase in ("released", "failed"):
-        ended = "ended" if binding.phase == "released" else "failed to bind"
-        reason = f" ({binding.reason})" if binding.reason else ""
-        return f"Not pending: the pod {ended}{reason}; it holds no GPU now."
-    if decision is not None:
-        return f"Feasible nodes were found ({decision.summary.strip()}); waiting for the bind."
-    return (
-        "Tessera has no record of this pod: it asks for no managed GPU resource, or the "
-        "scheduler has not yet asked the extender about it."
-    )
+    binding = views[0] if views else None
+    facts = None
+    if binding is not None:
+        facts = why.BindingFacts(
+            binding.pod_uid, binding.phase, binding.node_name, binding.reason, binding.created_at,
+            binding.reserved_at, tuple(binding.cards), binding.memory_mib, binding.cores,
+        )  # fmt: skip
+    status = why.explain(namespace, name, facts, decision)
+    return PodDetail(namespace, name, binding, decision, earlier, status)
 
 
 # --- quotas --------------------------------------------------------------------------------------
@@ -875,30 +723,6 @@ class QuotaRow:
         return _percent(self.used_gpus, self.gpus) if self.gpus else None
 
 
-def usage_by_namespace(namespace: str | None = None) -> dict[str, Usage]:
-    """What every namespace's active bindings hold, in two queries.
-
-    The same arithmetic as `controlplane.ledger.selectors.namespace_usage` (the core's
-    `usage_of` over each pod's `claims_per_card`), for all namespaces at once: the database
-    sums app slices per namespace; pods with init slices get the core's correction.
-    """
-    qs = Slice.objects.filter(active=True, binding__phase__in=ACTIVE_PHASES)
-    if namespace is not None:
-        qs = qs.filter(binding__namespace=namespace)
-    totals: dict[str, Usage] = defaultdict(Usage)
-    app = (
-        qs.filter(init_container=False)
-        .order_by()
-        .values_list("binding__namespace")
-        .annotate(mem=Sum("memory_mib"), cores=Sum("compute_percent"), n=Count("id"))
-    )
-    for ns, memory, cores, n in plain_rows(app):
-        totals[ns].add(memory, cores, n, False)
-    for (ns,), _, _, delta in _init_corrections(qs, "binding__namespace"):
-        totals[ns].add(delta.memory_mib, delta.cores, delta.slots, False)
-    return totals
-
-
 def quota_rows(namespace: str | None = None) -> list[QuotaRow]:
     """Every namespace with a quota or with usage (three queries), by namespace name."""
     quotas = NamespaceQuota.objects.all()
@@ -910,11 +734,11 @@ def quota_rows(namespace: str | None = None) -> list[QuotaRow]:
             "namespace", "gpumem_mib", "gpucores", "gpus", "updated_at", "updated_by"
         )
     }
-    usage = usage_by_namespace(namespace)
+    held = ledger_usage.namespace_usage(namespace)
     rows = []
-    for ns in sorted(limits.keys() | usage.keys()):
+    for ns in sorted(limits.keys() | held.keys()):
         mem, cores, gpus, updated_at, updated_by = limits.get(ns, (None, None, None, None, ""))
-        used = usage.get(ns) or Usage()
+        used = held.get(ns) or QuotaUsage()
         rows.append(
             QuotaRow(
                 ns,
@@ -924,7 +748,7 @@ def quota_rows(namespace: str | None = None) -> list[QuotaRow]:
                 gpus,
                 used.memory_mib,
                 used.cores,
-                used.slots,
+                used.gpus,
                 updated_at,
                 updated_by,
             )

@@ -12,7 +12,7 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.api.fields import StrictCharField, StrictIntegerField
-from controlplane.dashboard.services import MAX_QUOTA, QuotaLimitsInput
+from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")

@@ -21,8 +21,10 @@ from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
 from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
+from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import PodBinding
-from controlplane.ledger.services import ServiceError
+from controlplane.ledger.services import cordons
+from controlplane.ledger.services import quotas as quota_services
 
 POLL_SECONDS = 5
 
@@ -115,7 +117,7 @@ def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
     """POST `/nodes/<name>/cordon/` (operator): cordon or uncordon a node."""
     return _cordon(
         request,
-        lambda on, actor, reason: services.set_node_cordon(name, on, actor, reason),
+        lambda on, actor, reason: cordons.set_node_cordon(name, on, actor, reason),
         reverse("dashboard:node", args=[name]),
     )
 
@@ -137,7 +139,7 @@ def card_cordon(request: HttpRequest, uuid: str) -> HttpResponse:
     """POST `/cards/<uuid>/cordon/` (operator): cordon or uncordon a card."""
     return _cordon(
         request,
-        lambda on, actor, reason: services.set_card_cordon(uuid, on, actor, reason),
+        lambda on, actor, reason: cordons.set_card_cordon(uuid, on, actor, reason),
         reverse("dashboard:card", args=[uuid]),
     )
 
@@ -194,7 +196,7 @@ def quotas(request: HttpRequest) -> HttpResponse:
         actor = request.user.get_username()
         if request.POST.get("action") == "delete":
             try:
-                services.delete_quota(request.POST.get("namespace", ""), actor)
+                quota_services.delete_quota(request.POST.get("namespace", ""), actor)
             except ServiceError as exc:
                 messages.error(request, exc.message)
             else:
@@ -203,7 +205,7 @@ def quotas(request: HttpRequest) -> HttpResponse:
         form = QuotaForm(request.POST)
         if form.is_valid():
             try:
-                quota, created = services.set_quota(
+                quota, created = quota_services.set_quota(
                     form.cleaned_data["namespace"], form.limits(), actor
                 )
             except ServiceError as exc:

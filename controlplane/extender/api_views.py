@@ -16,8 +16,8 @@ from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictCharField
-from controlplane.extender import selectors, services
-from controlplane.ledger.models import PodBinding, SchedulingDecision
+from controlplane.ledger import selectors, why
+from controlplane.ledger.services import bindings
 from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, is_node_name
 
 
@@ -29,74 +29,36 @@ def _check_pod_name(namespace: str, name: str) -> None:
 
 
 class WhyView(APIView):
-    """`GET /api/v1/pods/<namespace>/<name>/why`: the latest scheduling decision, in words.
-
-    A pod bound at once has no decision row (the log holds a feasible decision back and drops
-    it when bind succeeds, controlplane/extender/decisions.py): its binding is the answer.
-    """
+    """`GET /api/v1/pods/<namespace>/<name>/why`: where the pod stands, in words
+    (`controlplane.ledger.why`, the same answer as the dashboard's pod page)."""
 
     def get(self, request: Request, namespace: str, name: str) -> Response:
         _check_pod_name(namespace, name)
-        decision = selectors.latest_decision(namespace, name)
-        binding = selectors.active_binding_of_pod(namespace, name)
-        if binding is not None and (
-            decision is None
-            or (
-                decision.pod_uid != binding.pod_uid
-                and decision.decided_at <= (binding.reserved_at or binding.created_at)
-            )
-        ):
-            return Response(_answer(binding, None))  # the row, if any, is an older pod's
-        if decision is None:
+        status = why.pod_status(namespace, name)
+        if status is None:
             raise NotFound(
                 f"Tessera has no scheduling decision for pod {namespace}/{name}. Either the "
                 "scheduler has not tried it yet, or it asks for no GPU resource, or it is not "
                 "scheduled by tessera-scheduler (check spec.schedulerName)."
             )
-        if binding is not None and binding.pod_uid != decision.pod_uid:
-            binding = None  # a newer pod of that name is pending: its decision is the answer
-        return Response(_answer(binding, decision))
-
-
-def _answer(binding: PodBinding | None, decision: SchedulingDecision | None) -> dict[str, Any]:
-    """The why answer: the decision, its outcome and summary overridden by the pod's active
-    binding when it has one."""
-    outcome = decision.outcome if decision is not None else ""
-    summary = decision.summary if decision is not None else ""
-    if binding is not None:
-        if binding.phase != PodBinding.Phase.RESERVED:
-            outcome = SchedulingDecision.Outcome.BOUND
-        elif decision is None:
-            outcome = SchedulingDecision.Outcome.FEASIBLE
-        cards = selectors.binding_cards(binding)
-        summary = (
-            f"{binding.phase} on node {binding.node.name if binding.node else '?'}, "
-            f"cards {', '.join(cards)}."
+        decision, binding = status.decision, status.binding
+        return Response(
+            {
+                "namespace": status.namespace,
+                "name": status.name,
+                "pod_uid": status.pod_uid,
+                "outcome": status.outcome,
+                "summary": status.summary,
+                "decided_at": status.decided_at,
+                "nodes_considered": decision.nodes_considered if decision is not None else None,
+                "feasible_nodes": decision.feasible_nodes if decision is not None else [],
+                "reason_counts": decision.reason_counts if decision is not None else {},
+                "node_reasons": decision.node_reasons if decision is not None else {},
+                "binding": None
+                if binding is None
+                else {"phase": binding.phase, "node": binding.node, "pod_uid": binding.pod_uid},
+            }
         )
-        if decision is not None:
-            summary += f" Before that: {decision.summary}"
-    subject: Any = decision if decision is not None else binding
-    return {
-        "namespace": subject.namespace,
-        "name": subject.name,
-        "pod_uid": subject.pod_uid,
-        "outcome": outcome,
-        "summary": summary,
-        "decided_at": decision.decided_at
-        if decision is not None
-        else (subject.reserved_at or subject.created_at),
-        "nodes_considered": decision.nodes_considered if decision is not None else None,
-        "feasible_nodes": decision.feasible_nodes if decision is not None else [],
-        "reason_counts": decision.reason_counts if decision is not None else {},
-        "node_reasons": decision.node_reasons if decision is not None else {},
-        "binding": None
-        if binding is None
-        else {
-            "phase": binding.phase,
-            "node": binding.node.name if binding.node else None,
-            "pod_uid": binding.pod_uid,
-        },
-    }
 
 
 class IsNodeOrViewer(BasePermission):
@@ -152,7 +114,7 @@ class AllocatedView(APIView):
             raise ValidationError({"pod_uid": "at most 64 characters"})
         serializer = AllocatedSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        binding = services.mark_allocated(
+        binding = bindings.mark_allocated(
             pod_uid,
             container,
             serializer.validated_data["devices"],

@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from controlplane.ledger.allocation import check_production_key
+
 
 class ExtenderConfig(AppConfig):
     name = "controlplane.extender"
@@ -10,6 +12,4 @@ class ExtenderConfig(AppConfig):
     def ready(self) -> None:
         # A production extender must not start without the allocation key: failing here stops
         # the process at boot instead of failing the first bind.
-        from controlplane.extender.signing import check_production_key
-
         check_production_key()

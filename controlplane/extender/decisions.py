@@ -1,11 +1,12 @@
-"""Off the hot path: the decision log, and bind's confirmations, are written by one background
-thread per process.
+"""Off the hot path: the decision log is written by one background thread per process.
 
 Filter answers the scheduler first; its decision (and bind's outcome) is queued here and written
-moments later, in batches, through `services.record_decisions`. The log is diagnostics for "why
-pending?", not allocation state: a process that dies loses its last few queued entries, which
-the next filter of those pods writes again. The queue is bounded; when it is full an entry is
-dropped (and counted), never the scheduler kept waiting.
+moments later, in batches, through the ledger's `decisions.record_decisions`. The log is
+diagnostics for "why pending?", not allocation state (bind's confirmations have a channel of
+their own that never drops an entry, `controlplane.ledger.services.confirmations`): a process
+that dies loses its last few queued entries, which the next filter of those pods writes again.
+The queue is bounded; when it is full an entry is dropped (and counted), never the scheduler kept
+waiting.
 
 A feasible decision is held back for `HOLD_S` first: nearly every such pod is bound within
 milliseconds, and then the log has nothing to say that the binding does not ("why" answers from
@@ -13,13 +14,6 @@ the binding). Bind's success drops the held decision unwritten and marks the pod
 has one from an earlier filter, `bound` (one statement per batch, not one per pod); a pod still
 unbound when the hold ends gets its feasible decision written. Unschedulable and invalid
 decisions, and bind's failures, are written in the next batch as before.
-
-Bind's confirmation (reserved -> bound, once the API server accepted the Binding) rides the
-same batches: one UPDATE for all the pods bound in a batch, before the decision rows, instead of
-a statement and a commit on every bind's path. A confirmation lost with its process (or its
-batch) leaves a reservation whose pod is bound: the reconciler confirms it when it next looks
-at the pod (a watch event, a resync) or when the reservation's deadline passes
-(docs/extender.md).
 
 `TESSERA["DECISION_LOG_ASYNC"] = False` (the test settings) writes synchronously instead, with
 no hold.
@@ -31,14 +25,12 @@ import logging
 import threading
 import time
 from collections import deque
-from datetime import datetime
 
 from django.conf import settings
 from django.db import connections
 
-from controlplane.extender import services
-from controlplane.extender.services import DecisionRecord, Outcome
-from controlplane.ledger import services as ledger_services
+from controlplane.ledger.services import decisions
+from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +108,8 @@ class DecisionWriter:
 
     def _write(self, batch: list[Item], *, hold: bool) -> None:
         """Write a batch in order. With `hold`, feasible decisions wait in `_held` instead."""
-        decisions: list[DecisionRecord] = []
+        records: list[DecisionRecord] = []
         bound: dict[str, None] = {}  # pod UIDs bound in this batch, in order (their log rows)
-        confirms: list[tuple[str, datetime]] = []  # (pod UID, bound at): the ledger's
         held = self._held if hold else {}
         for kind, item in batch:
             if kind == "decision":
@@ -129,10 +120,9 @@ class DecisionWriter:
                 if hold and record.outcome == Outcome.FEASIBLE:
                     held[uid] = (record, time.monotonic() + HOLD_S)
                 else:
-                    decisions.append(record)
+                    records.append(record)
             elif kind == "bound":
-                uid, at = item  # type: ignore[misc]
-                confirms.append((uid, at))
+                uid = item  # type: ignore[assignment]
                 # Bound at once: the held decision says nothing the binding does not.
                 held.pop(uid, None)
                 bound[uid] = None
@@ -140,29 +130,22 @@ class DecisionWriter:
                 # keep the order: decisions queued before this outcome land first
                 waiting = held.pop(item[0], None)  # type: ignore[index]
                 if waiting is not None:
-                    decisions.append(waiting[0])
-                self._settle(decisions, bound, confirms)
-                services.record_bind_outcome(*item)  # type: ignore[misc]
+                    records.append(waiting[0])
+                self._settle(records, bound)
+                decisions.record_bind_outcome(*item)  # type: ignore[misc]
             elif kind == "flush":
-                decisions.extend(record for record, _ in held.values())
+                records.extend(record for record, _ in held.values())
                 held.clear()
-                self._settle(decisions, bound, confirms)
+                self._settle(records, bound)
                 item.set()  # type: ignore[attr-defined]
         while len(held) > MAX_HELD:  # a flood of unbound pods: write the oldest now
-            decisions.append(held.pop(next(iter(held)))[0])
-        self._settle(decisions, bound, confirms)
+            records.append(held.pop(next(iter(held)))[0])
+        self._settle(records, bound)
 
     @staticmethod
-    def _settle(
-        decisions: list[DecisionRecord],
-        bound: dict[str, None],
-        confirms: list[tuple[str, datetime]],
-    ) -> None:
-        # The ledger first, in its own statement: a failing log write must not cost it.
-        ledger_services.confirm_bindings(confirms)
-        confirms.clear()
-        services.record_decisions(decisions, list(bound))
-        decisions.clear()
+    def _settle(records: list[DecisionRecord], bound: dict[str, None]) -> None:
+        decisions.record_decisions(records, list(bound))
+        records.clear()
         bound.clear()
 
     def _release_due(self, now: float) -> list[DecisionRecord]:
@@ -218,7 +201,7 @@ class DecisionWriter:
                 self._write(work, hold=True)
                 due = self._release_due(time.monotonic())
                 if due:
-                    services.record_decisions(due)
+                    decisions.record_decisions(due)
             except Exception:  # diagnostics only: log, drop this batch, keep serving
                 log.exception("writing %d decision log entries failed", len(work))
                 for kind, item in work:
@@ -243,8 +226,7 @@ def record_bind(pod_uid: str, namespace: str, name: str, outcome: str, summary: 
     writer.submit("bind", (pod_uid, namespace, name, outcome, summary))
 
 
-def record_bound(pod_uid: str, at: datetime) -> None:
-    """Queue that the API server accepted the pod's Binding at `at`: its reservation is
-    confirmed (reserved -> bound), its held decision is dropped, its row (if an earlier filter
+def record_bound(pod_uid: str) -> None:
+    """Queue that the pod is bound: its held decision is dropped, its row (if an earlier filter
     wrote one) says `bound`."""
-    writer.submit("bound", (pod_uid, at))
+    writer.submit("bound", pod_uid)

@@ -21,8 +21,8 @@ from django.db import connections
 
 from controlplane.kube.base import KubeError
 from controlplane.kube.embedded import EmbeddedKube
-from controlplane.ledger import services
 from controlplane.ledger.models import Node
+from controlplane.ledger.services import bindings
 
 # (namespace, image, gpus, MiB per GPU or None, percent of memory or None, cores, lifetime s)
 CATALOGUE: tuple[tuple[str, str, int, int | None, int | None, int, tuple[int, int]], ...] = (
@@ -141,7 +141,7 @@ class DemoWorkload:
 
     def _end(self, pod: DemoPod, why: str) -> None:
         self.kube.delete_pod(pod.namespace, pod.name)
-        services.release_binding(pod.uid, why)
+        bindings.release_binding(pod.uid, why)
         self.pods.pop(pod.uid, None)
 
     def tick(self) -> dict[str, int]:

@@ -3,9 +3,10 @@
 - filter: every feasible node (scoring is the scheduler's job), the rest with the core's reason
   per node; permanent refusals go to FailedAndUnresolvableNodes. Reads the cached snapshot.
 - prioritize: 0..10 per node by the pod's node policy. Reads the cached snapshot.
-- bind: the authoritative step. Reserve in the ledger (lock -> re-fit on committed rows ->
-  write), then the Binding through the Kubernetes adapter with the signed allocation as
-  annotations; undo the reservation when the API server refused, confirm it when it accepted.
+- bind: the authoritative step (`run_bind`). The ledger's `bind_pod` reserves (lock -> re-fit on
+  committed rows -> write -> commit), then the Binding goes through the Kubernetes adapter with
+  the signed allocation as annotations; the reservation is undone when the API server refused,
+  confirmed when it accepted.
 """
 
 from __future__ import annotations
@@ -18,28 +19,28 @@ from typing import Any
 
 from django.utils import timezone
 
-from controlplane.extender import selectors as ext_selectors
-from controlplane.extender import signing, why
+from controlplane.extender import why
 from controlplane.extender.decisions import record as record_decision
 from controlplane.extender.decisions import record_bind as record_bind_outcome
 from controlplane.extender.decisions import record_bound
-from controlplane.extender.services import DecisionRecord, Outcome
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
 from controlplane.kube import adapter
 from controlplane.kube.base import Kube, KubeError
-from controlplane.ledger import selectors, services
+from controlplane.ledger import allocation, selectors, usage
+from controlplane.ledger.errors import AlreadyPlaced, ServiceError
 from controlplane.ledger.models import PodBinding
+from controlplane.ledger.services import bindings
+from controlplane.ledger.services.bindings import Reservation
+from controlplane.ledger.services.confirmations import confirm_later
+from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from controlplane.scheduling import (
-    CardClaim,
     PodRequest,
     QuotaUsage,
     ReasonCode,
     RequestError,
-    SliceClaim,
     Snapshot,
     check_quota,
-    claims_per_card,
     filter_nodes,
     parse_pod,
     prioritize,
@@ -166,7 +167,7 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
         refusal = check_quota(
             request.namespace,
             limits,
-            selectors.namespace_usage(request.namespace),
+            usage.quota_usage(request.namespace),
             _min_demand(request, snapshot, names),
         )
         if refusal is not None:
@@ -256,12 +257,76 @@ class BindFailed(Exception):
 @dataclass(frozen=True, slots=True)
 class BindAnswer:
     outcome: str  # bound | already_bound | plain
-    binding: PodBinding | None
+    reservation: Reservation | None
 
 
-def _bound_as_asked(
-    kube: Kube, args: BindingArgs, annotations: dict[str, str]
-) -> bool | None:
+def run_bind(args: BindingArgs) -> BindAnswer:
+    """Bind the pod, idempotent per pod UID; raises BindFailed with the reason.
+
+    1. The pod's request: the one its filter parsed (`RecentRequests`), else the pod as the API
+       server has it.
+    2. `bind_pod`: the ledger's lock -> recompute -> write -> commit. A repeated bind gets the
+       reservation it already made; one already past `reserved` needs no second Binding.
+    3. The Binding through the API server, with the signed allocation as annotations. Refused:
+       the reservation is undone. Outcome unknown: it is kept for the reconciler to settle.
+    4. Accepted: the confirmation (reserved -> bound) is queued off this path, on a channel that
+       retries until it is written (`confirmations`); the decision log is told.
+    """
+    kube = adapter.get_kube()
+    request: PodRequest | BindAnswer | None
+    known, request = recent_requests.recall(args.pod_uid, args.namespace, args.pod_name)
+    if not known:
+        request = _read_request(kube, args)
+    if isinstance(request, BindAnswer):
+        return request
+
+    if request is None:  # not ours: a plain Binding, nothing in the ledger
+        error = _call_binding(kube, args, {})
+        if error is not None:
+            raise BindFailed(error.message, "apiserver_error")
+        return BindAnswer("plain", None)
+
+    try:
+        reservation = bindings.bind_pod(request, args.node)
+    except AlreadyPlaced as exc:
+        raise BindFailed(exc.message, "conflict") from None
+    except ServiceError as exc:
+        record_bind_outcome(
+            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, exc.message
+        )
+        raise BindFailed(exc.message, "refused") from None
+    if reservation.repeat and reservation.phase != PodBinding.Phase.RESERVED:
+        return BindAnswer("already_bound", reservation)  # bound before: no second Binding
+    if not reservation.repeat:
+        snapshot_cache.assume(args.node, reservation.claims(), args.pod_uid)
+
+    annotations = allocation.annotations(reservation.allocation())
+    # The crash window: the reservation is committed, the Binding not yet sent. A process dying
+    # here leaves a reservation with a deadline; the reconciler finds it (expired_reservations).
+    error = _call_binding(kube, args, annotations)
+    if error is not None:
+        settled = error.applied is False or _bound_as_asked(kube, args, annotations) is False
+        if settled:
+            bindings.release_binding(args.pod_uid, f"Binding failed: {error.message}", failed=True)
+            snapshot_cache.mark_dirty([args.node])
+            message = f"the API server refused the Binding: {error.message}"
+        else:
+            message = (
+                f"the Binding's outcome is unknown ({error.message}); the reservation is kept "
+                "until the reconciler checks the pod"
+            )
+        record_bind_outcome(
+            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, message
+        )
+        raise BindFailed(message, "apiserver_error")
+
+    confirm_later(args.pod_uid, timezone.now())
+    # "why" reads the binding itself, so the filter's held decision is dropped unwritten.
+    record_bound(args.pod_uid)
+    return BindAnswer("bound", reservation)
+
+
+def _bound_as_asked(kube: Kube, args: BindingArgs, annotations: dict[str, str]) -> bool | None:
     """After a failed Binding call: is the pod bound to our node with our allocation anyway?
 
     True: yes (an earlier attempt, or the call succeeded before the error). False: certainly not
@@ -281,9 +346,7 @@ def _bound_as_asked(
     return all(have.get(k) == v for k, v in annotations.items())
 
 
-def _call_binding(
-    kube: Kube, args: BindingArgs, annotations: dict[str, str]
-) -> KubeError | None:
+def _call_binding(kube: Kube, args: BindingArgs, annotations: dict[str, str]) -> KubeError | None:
     """The Binding POST; None when the pod ends up bound as asked."""
     try:
         kube.bind_pod(args.namespace, args.pod_name, args.pod_uid, args.node, annotations)
@@ -295,37 +358,10 @@ def _call_binding(
     return None
 
 
-def _claims(binding: PodBinding) -> dict[str, CardClaim]:
-    """What a reservation just written takes on each card (from what reserve wrote)."""
-    placed = getattr(binding, "placed", None) or ()
-    return claims_per_card(
-        SliceClaim(uuid, index, init, memory, cores)
-        for _, index, init, uuid, _, memory, cores in placed
-    )
-
-
-def _earlier_answer(args: BindingArgs) -> BindAnswer | None:
-    """For a pod whose binding this extender already made: the same answer again (no second
-    Binding), or a conflict when it holds one on another node. None when the pod has no active
-    binding, or only a reservation (whose Binding may still be owed)."""
-    existing = ext_selectors.binding_of(args.pod_uid)
-    if existing is None or not existing.active:
-        return None
-    where = existing.node.name if existing.node else ""
-    if where != args.node:
-        raise BindFailed(
-            f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
-            f"{existing.phase} on node {where or '(none)'}, not {args.node}",
-            "conflict",
-        )
-    if existing.phase != PodBinding.Phase.RESERVED:
-        return BindAnswer("already_bound", existing)
-    return None
-
-
 def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | None:
-    """The pod's request read from the API server (a pod filter did not see here); an earlier
-    answer for a pod that went after we bound it. Raises BindFailed."""
+    """The pod's request read from the API server (a pod filter did not see here). A pod that
+    is gone or replaced can only be a bind repeated after this extender bound it: the same
+    answer again when the ledger says so. Raises BindFailed."""
     try:
         pod = kube.get_pod(args.namespace, args.pod_name)
     except KubeError as exc:
@@ -334,9 +370,17 @@ def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | No
         ) from None
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != args.pod_uid:
-        earlier = _earlier_answer(args)  # the pod went after we bound it: the same answer
-        if earlier is not None:
-            return earlier
+        earlier = selectors.binding_of(args.pod_uid)
+        if earlier is not None and earlier.active:
+            where = earlier.node.name if earlier.node else ""
+            if where != args.node:
+                raise BindFailed(
+                    f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
+                    f"{earlier.phase} on node {where or '(none)'}, not {args.node}",
+                    "conflict",
+                )
+            if earlier.phase != PodBinding.Phase.RESERVED:
+                return BindAnswer("already_bound", None)
     if pod is None:
         raise BindFailed(f"pod {args.namespace}/{args.pod_name} does not exist", "invalid")
     if meta.get("uid") != args.pod_uid:
@@ -349,66 +393,3 @@ def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | No
         return parse_pod(pod, selectors.scheduling_config())
     except RequestError as exc:
         raise BindFailed(f"the pod's GPU request is invalid: {exc}", "invalid") from None
-
-
-def run_bind(args: BindingArgs) -> BindAnswer:
-    """Bind the pod (idempotent per pod UID). Raises BindFailed with the reason.
-
-    The common case costs one ledger transaction and the Binding (the confirmation is batched
-    off this path, `decisions.record_bound`): the pod's request comes from its filter
-    (`RecentRequests`); a pod filter did not see is read from the API server. A repeated bind
-    is recognised inside the reservation (or, for a pod that is gone, when it is read).
-    """
-    kube = adapter.get_kube()
-    request: PodRequest | BindAnswer | None
-    known, request = recent_requests.recall(args.pod_uid, args.namespace, args.pod_name)
-    if not known:
-        request = _read_request(kube, args)
-    if isinstance(request, BindAnswer):
-        return request
-
-    if request is None:  # not ours: a plain Binding, nothing in the ledger
-        error = _call_binding(kube, args, {})
-        if error is not None:
-            raise BindFailed(error.message, "apiserver_error")
-        return BindAnswer("plain", None)
-
-    try:
-        binding = services.reserve_binding(request, args.node)
-    except services.AlreadyPlaced as exc:
-        raise BindFailed(exc.message, "conflict") from None
-    except services.ServiceError as exc:
-        record_bind_outcome(
-            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, exc.message
-        )
-        raise BindFailed(exc.message, "refused") from None
-    if getattr(binding, "placed", None) is None and binding.phase != PodBinding.Phase.RESERVED:
-        return BindAnswer("already_bound", binding)  # bound before: no second Binding
-    snapshot_cache.assume(args.node, _claims(binding), args.pod_uid)
-
-    record = ext_selectors.allocation_of(binding)
-    annotations = signing.annotations(record)
-    # The crash window: the reservation is committed, the Binding not yet sent. A process dying
-    # here leaves a reservation with a deadline; the reconciler finds it (expired_reservations).
-    error = _call_binding(kube, args, annotations)
-    if error is not None:
-        settled = error.applied is False or _bound_as_asked(kube, args, annotations) is False
-        if settled:
-            services.release_binding(args.pod_uid, f"Binding failed: {error.message}", failed=True)
-            snapshot_cache.mark_dirty([args.node])
-            message = f"the API server refused the Binding: {error.message}"
-        else:
-            message = (
-                f"the Binding's outcome is unknown ({error.message}); the reservation is kept "
-                "until the reconciler checks the pod"
-            )
-        record_bind_outcome(
-            args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, message
-        )
-        raise BindFailed(message, "apiserver_error")
-
-    # Confirmed (reserved -> bound) by the decision writer's next batch, many pods in one
-    # statement, and not on this path; "why" reads the binding itself, so the filter's held
-    # decision is dropped unwritten.
-    record_bound(args.pod_uid, timezone.now())
-    return BindAnswer("bound", binding)

@@ -43,7 +43,6 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from controlplane.extender import selectors as ext_selectors
 from controlplane.ledger import selectors
 from controlplane.ledger.models import PodBinding
 from controlplane.scheduling import CardClaim, NodeState, QuotaLimits, Snapshot
@@ -150,7 +149,7 @@ class SnapshotCache:
         started, cursor = time.monotonic(), timezone.now()
         snapshot = selectors.cluster_snapshot()
         return _Read(started, cursor, {n.name: n for n in snapshot.nodes}, set(), True,
-                     ext_selectors.all_quota_limits(), None)  # fmt: skip
+                     selectors.all_quota_limits(), None)  # fmt: skip
 
     def _install_full(self, read: _Read) -> None:
         """Replace everything, except nodes re-read after this read began (fresher)."""
@@ -178,14 +177,14 @@ class SnapshotCache:
             own, held = self._own, _HELD
             names.update(
                 node
-                for node, pod_uid, phase in ext_selectors.changes_since(
+                for node, pod_uid, phase in selectors.changes_since(
                     self._cursor - LATE_COMMIT_MARGIN
                 )
                 if pod_uid is None or phase not in held or pod_uid not in own
             )
         nodes = {n.name: n for n in selectors.cluster_snapshot(names).nodes} if names else {}
-        quotas = ext_selectors.all_quota_limits() if incremental else None
-        counts = ext_selectors.ledger_counts() if incremental else None
+        quotas = selectors.all_quota_limits() if incremental else None
+        counts = selectors.ledger_counts() if incremental else None
         return _Read(started, cursor, nodes, names, incremental, quotas, counts)
 
     def _install(self, read: _Read) -> None:

@@ -24,7 +24,6 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.extender import scheduler, wire
-from controlplane.extender.selectors import inventory_limits
 from controlplane.extender.webhook import review_pod
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
@@ -208,7 +207,7 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
             pod,
             selectors.scheduling_config(),
             settings.TESSERA["SCHEDULER_NAME"],
-            inventory_limits,
+            selectors.inventory_limits,
         )
     except Exception:  # a webhook bug must not read as a verdict; failurePolicy decides
         log.exception("admission review %s failed", uid)

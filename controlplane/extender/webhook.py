@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.extender.selectors import InventoryLimits
+from controlplane.ledger.selectors import InventoryLimits
 from controlplane.scheduling import PodRequest, RequestError, SchedulingConfig, parse_pod
 
 DEFAULT_SCHEDULER = "default-scheduler"

@@ -1,7 +1,9 @@
 """Django admin for the ledger: the columns, filters and searches an operator reaches for.
 
-Allocation rows (bindings, slices, decisions, audit events) are read-only here: they are written
-by services under a node lock, never edited by hand.
+Allocation rows (bindings, slices, decisions, audit events) are read-only here. What an admin may
+change (a node's or a card's cordon, a card's slots) goes through the ledger's services, the only
+writers of its rows: under the node lock, audited, with the change stamp the snapshot cache
+reads. Nodes and cards are never deleted here (their plugin reports them; slices refer to them).
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import Count, Q, QuerySet, Sum
+from django.forms import BaseInlineFormSet, ModelForm
 from django.http import HttpRequest
 
 from controlplane.ledger import models
+from controlplane.ledger.services import cordons, nodes
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -60,6 +64,20 @@ class NodeAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # nodes come from their plugin's first inventory report
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(
+        self, request: HttpRequest, obj: models.Node, form: ModelForm, change: bool
+    ) -> None:
+        cordons.set_node_cordon(obj.name, obj.cordoned, request.user.get_username(), "admin")
+
+    def save_formset(
+        self, request: HttpRequest, form: ModelForm, formset: BaseInlineFormSet, change: bool
+    ) -> None:
+        for card in formset.save(commit=False):
+            cordons.set_card_cordon(card.uuid, card.cordoned, request.user.get_username(), "admin")
 
 
 @admin.register(models.Card)
@@ -116,6 +134,16 @@ class CardAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(
+        self, request: HttpRequest, obj: models.Card, form: ModelForm, change: bool
+    ) -> None:
+        actor = request.user.get_username()
+        nodes.set_card_slots(obj.uuid, obj.slots, actor)
+        cordons.set_card_cordon(obj.uuid, obj.cordoned, actor, "admin")
 
 
 class SliceInline(admin.TabularInline):

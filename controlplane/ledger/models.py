@@ -1,16 +1,51 @@
 """The allocation ledger (DESIGN §2): the source of truth for who holds which part of which GPU.
 
 Rows are written only by `controlplane.ledger.services`; read them through
-`controlplane.ledger.selectors`.
+`controlplane.ledger.selectors` (and `usage`, `why`, `allocation`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
-class Node(models.Model):
+class StampedQuerySet(models.QuerySet):  # type: ignore[type-arg]
+    """Every UPDATE of these rows moves `updated_at`, given or not."""
+
+    def update(self, **kwargs: Any) -> int:
+        kwargs.setdefault("updated_at", timezone.now())
+        return super().update(**kwargs)
+
+
+class Stamped(models.Model):
+    """Rows whose changes the extender's snapshot cache must see: nodes, cards, bindings.
+
+    The cache re-reads a node when its row, a card's or a binding's `updated_at` is newer than
+    its last pass (`selectors.changes_since`). This is the one change stamp, and it cannot be
+    forgotten: `save()` moves it even with `update_fields` that leave it out (Django's
+    `auto_now` would not), and a queryset's `update()` moves it too. The hand-written writes of
+    ledger/sql.py set it themselves.
+    """
+
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = StampedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        fields = kwargs.get("update_fields")
+        if fields is not None and "updated_at" not in fields:
+            kwargs["update_fields"] = [*fields, "updated_at"]
+        super().save(*args, **kwargs)
+
+
+class Node(Stamped):
     """A Kubernetes node that runs the Tessera node plugin."""
 
     name = models.CharField(max_length=253, unique=True)
@@ -21,7 +56,6 @@ class Node(models.Model):
     plugin_version = models.CharField(max_length=64, blank=True)
     cordoned = models.BooleanField(default=False, help_text="Operator flag: place nothing new.")
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
@@ -30,7 +64,7 @@ class Node(models.Model):
         return self.name
 
 
-class Card(models.Model):
+class Card(Stamped):
     """One physical GPU of a node, identified by its NVML UUID."""
 
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="cards")
@@ -49,7 +83,6 @@ class Card(models.Model):
     )
     last_seen = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -62,7 +95,7 @@ class Card(models.Model):
         return self.healthy and self.present and not self.cordoned
 
 
-class PodBinding(models.Model):
+class PodBinding(Stamped):
     """A pod's claim on a node's cards: reserved at bind, mirrored to the API server."""
 
     class Phase(models.TextChoices):
@@ -91,7 +124,6 @@ class PodBinding(models.Model):
     allocated_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,38 +1,35 @@
-"""Reads of the ledger, turned into the scheduling core's frozen snapshot.
+"""Reads of the ledger that other layers use, in a fixed number of queries each.
 
-Each selector runs a fixed number of queries whatever the cluster size (tests lock the count):
-the hot paths (filter, bind) must never issue a query per node or per card.
+The hot paths (filter, bind) never issue a query per node or per card (tests lock the counts):
+the cluster snapshot is three hand-written queries (ledger/sql.py), a node read under bind's
+lock one round trip. Usage arithmetic is `controlplane.ledger.usage`, the "why is my pod
+pending?" answer `controlplane.ledger.why`, the allocation record `controlplane.ledger.allocation`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Q
 
-from controlplane.ledger import sql
+from controlplane.ledger import allocation, sql, usage
 from controlplane.ledger.models import Card, NamespaceQuota, Node, PodBinding, Slice
 from controlplane.scheduling import (
     CardClaim,
     CardState,
     NodeState,
     QuotaLimits,
-    QuotaUsage,
     ResourceNames,
     SchedulingConfig,
     Snapshot,
-    card_claims,
-    usage_of,
 )
 
 MISSING_CARD_REASON = "not in the node's latest inventory report"
-
-
-def node_names() -> set[str]:
-    """Every registered node's name (one query)."""
-    return set(Node.objects.values_list("name", flat=True))
 
 
 def scheduling_config() -> SchedulingConfig:
@@ -48,19 +45,10 @@ def scheduling_config() -> SchedulingConfig:
     )
 
 
-def _active_slice_rows(slices: QuerySet[Slice]) -> list[sql.SliceRow]:
-    rows = slices.filter(active=True).values_list(
-        "binding_id",
-        "card_id",
-        "container_index",
-        "init_container",
-        "memory_mib",
-        "compute_percent",
-    )
-    return [sql.SliceRow(*row) for row in rows]
+# --- the cluster as the scheduling core sees it --------------------------------------------------
 
 
-def _card_state(card: sql.CardRow | Card, claim: CardClaim | None) -> CardState:
+def _card_state(card: sql.CardRow, claim: CardClaim | None) -> CardState:
     healthy = card.healthy and card.present
     reason = card.health_reason if card.present else MISSING_CARD_REASON
     return CardState(
@@ -90,10 +78,13 @@ def cluster_snapshot(node_names: Iterable[str] | None = None) -> Snapshot:
     return _build_snapshot(sql.nodes(names), sql.cards(names), sql.active_slices(names))
 
 
+def node_cards(node_names: Iterable[str]) -> list[CardState]:
+    """The named nodes' cards as the core sees them (three queries)."""
+    return [card for node in cluster_snapshot(node_names).nodes for card in node.cards]
+
+
 def node_state(
-    node: sql.NodeRow | Node,
-    cards: Sequence[sql.CardRow | Card],
-    slices: Iterable[sql.SliceRow],
+    node: sql.NodeRow, cards: Sequence[sql.CardRow], slices: Iterable[sql.SliceRow]
 ) -> tuple[NodeState, dict[str, int]]:
     """One node as the core sees it, from its committed card and slice rows (bind reads them
     under the node lock), with its cards' ids by UUID (for writing slices)."""
@@ -102,11 +93,9 @@ def node_state(
 
 
 def _build_snapshot(
-    nodes: Sequence[sql.NodeRow | Node],
-    cards: Sequence[sql.CardRow | Card],
-    rows: Iterable[sql.SliceRow],
+    nodes: Sequence[sql.NodeRow], cards: Sequence[sql.CardRow], rows: Iterable[sql.SliceRow]
 ) -> Snapshot:
-    claims = card_claims(rows)
+    claims = usage.claims_of(rows)
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
         cards_by_node[card.node_id].append(_card_state(card, claims.get(card.pk)))
@@ -123,22 +112,134 @@ def _build_snapshot(
     )
 
 
+def changes_since(since: datetime) -> list[tuple[str, str | None, str | None]]:
+    """What changed at or after `since` (one query): (node, pod UID, phase) per binding row,
+    (node, None, None) per node or card row. Every write of those rows moves `updated_at`
+    (`models.Stamped`); a binding's slices change only with the binding row (reserve, release),
+    so its stamp covers them."""
+    return sql.changes_since(since)
+
+
+def ledger_counts() -> tuple[int, int]:
+    """(nodes, cards) in the ledger: deletions are the one change a stamp cannot show."""
+    return sql.ledger_counts()
+
+
+def node_names() -> set[str]:
+    """Every registered node's name (one query)."""
+    return set(Node.objects.values_list("name", flat=True))
+
+
+# --- quotas --------------------------------------------------------------------------------------
+
+
 def quota_limits(namespace: str) -> QuotaLimits | None:
     """The namespace's limits, or None when it has no quota (unlimited)."""
     quota = NamespaceQuota.objects.filter(namespace=namespace).first()
-    return quota_limits_of(quota) if quota else None
+    return QuotaLimits(quota.gpumem_mib, quota.gpucores, quota.gpus) if quota else None
 
 
-def quota_limits_of(quota: NamespaceQuota) -> QuotaLimits:
-    return QuotaLimits(memory_mib=quota.gpumem_mib, cores=quota.gpucores, gpus=quota.gpus)
+def all_quota_limits() -> dict[str, QuotaLimits]:
+    """Every namespace quota (one query)."""
+    return sql.quota_limits()
 
 
-def namespace_usage(namespace: str) -> QuotaUsage:
-    """What the namespace's active bindings hold (init-container peaks counted once), one query."""
-    rows = _active_slice_rows(
-        Slice.objects.filter(
-            binding__namespace=namespace, binding__phase__in=PodBinding.ACTIVE_PHASES
+# --- bindings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredReservation:
+    """A reservation whose Binding was never confirmed in time (the process may have died)."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str | None
+    reserved_at: datetime | None
+    deadline: datetime
+
+
+def expired_reservations(now: datetime, limit: int = 1000) -> list[ExpiredReservation]:
+    """Reservations past their deadline, oldest first (one query), for the reconciler.
+
+    A reservation is written before the Binding call; if the process dies in between, nothing
+    else will ever confirm or release it. The reconciler asks the API server whether the pod
+    was bound (then confirms it) or not (then fails it).
+    """
+    rows = (
+        PodBinding.objects.filter(
+            phase=PodBinding.Phase.RESERVED, deadline__isnull=False, deadline__lte=now
         )
+        .order_by("deadline", "id")
+        .values_list("pod_uid", "namespace", "name", "node__name", "reserved_at", "deadline")[
+            :limit
+        ]
     )
-    # Summed per card over the pods, each pod's init containers counted at their peak.
-    return usage_of(card_claims(rows))
+    return [ExpiredReservation(*row) for row in rows]
+
+
+def binding_of(pod_uid: str) -> PodBinding | None:
+    """The pod's binding row (any phase), with its node (one query)."""
+    return PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
+
+
+def active_binding_of_pod(namespace: str, name: str) -> PodBinding | None:
+    """The active binding of the pod called namespace/name, newest first (one query)."""
+    return (
+        PodBinding.objects.select_related("node")
+        .filter(namespace=namespace, name=name, phase__in=PodBinding.ACTIVE_PHASES)
+        .order_by("-reserved_at", "-id")
+        .first()
+    )
+
+
+def allocation_of(binding: PodBinding) -> dict[str, Any]:
+    """The version-1 allocation record of a binding (docs/allocation.md), one query."""
+    rows = (
+        Slice.objects.filter(binding=binding, active=True)
+        .order_by("init_container", "container_index", "id")
+        .values_list(
+            "container_name", "container_index", "init_container", "card__uuid", "card__index",
+            "memory_mib", "compute_percent",
+        )
+    )  # fmt: skip
+    return allocation.allocation_record(
+        binding.pod_uid,
+        binding.namespace,
+        binding.name,
+        binding.node.name if binding.node else "",
+        allocation.containers_of(rows),
+    )
+
+
+def uids_with_bindings(pod_uids: Sequence[str]) -> set[str]:
+    """Those of `pod_uids` the ledger has a binding for, of any phase (a query per 5,000)."""
+    found: set[str] = set()
+    for start in range(0, len(pod_uids), 5000):  # bounded IN lists (SQLite caps parameters)
+        chunk = pod_uids[start : start + 5000]
+        found.update(PodBinding.objects.filter(pod_uid__in=chunk).values_list("pod_uid", flat=True))
+    return found
+
+
+# --- inventory -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryLimits:
+    """The largest things any registered node can hold, for the webhook's sanity checks."""
+
+    max_card_memory_mib: int
+    max_cards_per_node: int
+    cards: int
+
+
+def inventory_limits() -> InventoryLimits:
+    """Largest card memory and most cards on one node among present cards (two queries)."""
+    present = Card.objects.filter(present=True)
+    largest = present.aggregate(mem=Max("memory_mib"), n=Count("id"))
+    per_node = (
+        Node.objects.annotate(n=Count("cards", filter=Q(cards__present=True)))
+        .aggregate(most=Max("n"))
+        .get("most")
+    )
+    return InventoryLimits(int(largest["mem"] or 0), int(per_node or 0), int(largest["n"] or 0))

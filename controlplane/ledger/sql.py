@@ -4,7 +4,7 @@ Why not the ORM here (controlplane/rawsql.py): compiling a queryset costs 0.3-1 
 statement, a round trip to PostgreSQL on loopback about 40 µs. Bind runs its statements under
 the node's row lock and the scheduler's binds are served by one process (one GIL), so that CPU
 was most of a burst's time (docs/extender.md, "Performance"). Everything else keeps the ORM.
-Only the selectors and services of this app call these functions.
+Only the ledger's own modules (selectors, usage, services) call these functions.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection
+from django.utils import timezone
 
 from controlplane import rawsql
 from controlplane.ledger.models import (
@@ -157,12 +158,13 @@ def _statements() -> dict[str, str]:
             f"AND {column(SchedulingDecision, 'outcome')} <> %s"
         ),
         # reserved -> bound for (pod UID, bound at) rows; VALUES' columns are column1, column2
-        # in both PostgreSQL and SQLite
+        # in both PostgreSQL and SQLite. The change stamp is the write's time, not the bind's:
+        # a confirmation retried after a failure lands later than its Binding.
         "confirm": (
             f"UPDATE {binding} SET {column(PodBinding, 'phase')} = %s, "
             f"{column(PodBinding, 'bound_at')} = v.column2, "
             f"{column(PodBinding, 'deadline')} = NULL, "
-            f"{column(PodBinding, 'updated_at')} = v.column2 "
+            f"{column(PodBinding, 'updated_at')} = %s "
             "FROM (VALUES {values}) AS v "
             f"WHERE {column(PodBinding, 'pod_uid')} = v.column1 "
             f"AND {column(PodBinding, 'phase')} = %s"
@@ -285,16 +287,13 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
     )
 
 
-def insert_binding(
-    values: dict[str, Any], slices: Sequence[tuple[Any, ...]], *, commit: bool = False
-) -> int:
+def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
     """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
     ((card id, container name, container index, init, memory MiB, compute percent) each); the
     binding's new id.
 
-    On PostgreSQL one statement (the slices take their binding's id from the binding INSERT's
-    RETURNING, in a CTE) and, with `commit`, the transaction's COMMIT in the same round trip
-    (`rawsql.fetch_in_order`: the last statement of the outermost atomic block)."""
+    On PostgreSQL one statement: the slices take their binding's id from the binding INSERT's
+    RETURNING, in a CTE."""
     params = [rawsql.db_value(PodBinding, f, values[f]) for f in BINDING_INSERT]
     if slices and connection.vendor == "postgresql":
         statement = _binding_with_slices(len(slices))
@@ -302,7 +301,7 @@ def insert_binding(
         params.append(stamp)
         for row in slices:
             params.extend(row)
-        return int(rawsql.fetch_in_order([(statement, params)], commit=commit)[0][0][0])
+        return int(rawsql.fetch_in_order([(statement, params)])[0][0][0])
     if not connection.features.can_return_columns_from_insert:
         binding_id = rawsql.insert_returning_id(
             _sql("insert_binding"), params, column(PodBinding, "id")
@@ -355,7 +354,7 @@ def confirm(confirmations: Sequence[tuple[str, datetime]]) -> int:
         return 0
     adapt = connection.ops.adapt_datetimefield_value
     phases = PodBinding.Phase
-    params: list[Any] = [phases.BOUND.value]
+    params: list[Any] = [phases.BOUND.value, adapt(timezone.now())]
     for pod_uid, at in confirmations:
         params += [pod_uid, adapt(at)]
     params.append(phases.RESERVED.value)

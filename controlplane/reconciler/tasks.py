@@ -25,9 +25,12 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.extender.selectors import expired_reservations
+from controlplane.kube import adapter
 from controlplane.kube.sources import ClusterSource, TemporaryError, WatchExpired
-from controlplane.reconciler import services, sources
+from controlplane.ledger.allocation import verify_allocation
+from controlplane.ledger.selectors import expired_reservations
+from controlplane.ledger.services import nodes
+from controlplane.reconciler import services
 from controlplane.reconciler.models import ReconcileRun
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,7 @@ def reconcile(self: Any, full: bool = False) -> dict[str, Any]:
     except redis.RedisError as exc:
         raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
     try:
-        run = run_reconcile(sources.default_source(), RedisState(client), full=full)
+        run = run_reconcile(adapter.cluster_source(), RedisState(client), full=full)
         return {"run": run.pk, "mode": run.mode, "drift": run.drift}
     except (TemporaryError, redis.RedisError) as exc:
         log.warning("reconcile: temporary error, retrying: %s", exc)
@@ -111,7 +114,7 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
     started = time.monotonic()
     run = ReconcileRun(started_at=timezone.now(), mode=ReconcileRun.Mode.WATCH)
     drift: Counter[str] = Counter()
-    verify = sources.default_verifier()
+    verify = verify_allocation
     rv = state.get(RV_KEY)
     last_full = float(state.get(LAST_FULL_KEY) or 0)
     if time.time() - last_full > settings.TESSERA["FULL_RESYNC_S"]:
@@ -159,12 +162,12 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         listed_at = timezone.now()
         pods, new_rv = source.list_pods(settings.TESSERA["LIST_PAGE_SIZE"])
         drift += services.reconcile_pods(pods, listed_at=listed_at, complete=True, verify=verify)
-        nodes = source.list_node_names()
-        drift["nodes_deleted"] += services.mark_deleted_nodes(nodes)
-        run.pods_seen, run.nodes_seen = len(pods), len(nodes)
+        cluster_nodes = source.list_node_names()
+        drift["nodes_deleted"] += nodes.mark_deleted_nodes(cluster_nodes, services.SYSTEM)
+        run.pods_seen, run.nodes_seen = len(pods), len(cluster_nodes)
         state.set(RV_KEY, new_rv)
         state.set(LAST_FULL_KEY, str(time.time()))
-    drift["nodes_stale"] += services.mark_stale_nodes()
+    drift["nodes_stale"] += nodes.mark_stale_nodes(services.SYSTEM)
     run.drift = {k: v for k, v in drift.items() if v}
     run.finished_at = timezone.now()
     run.duration_ms = int((time.monotonic() - started) * 1000)

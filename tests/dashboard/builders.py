@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from controlplane.access.roles import Role
 from controlplane.access.services import grant_role
-from controlplane.ledger import services
 from controlplane.ledger.models import PodBinding, SchedulingDecision
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json
 
@@ -54,12 +54,12 @@ def pod(
         body["spec"]["initContainers"] = init_containers
     request = parse_pod(body)
     assert request is not None
-    binding = services.reserve_binding(request, node)
+    reservation = bindings.bind_pod(request, node)
     if phase in ("bound", "allocated"):
-        binding = services.confirm_binding(request.uid)
+        bindings.confirm_binding(request.uid)
     if phase in ("released", "failed"):
-        binding = services.release_binding(request.uid, "test", failed=phase == "failed")
-    return binding
+        bindings.release_binding(request.uid, "test", failed=phase == "failed")
+    return PodBinding.objects.get(pk=reservation.binding_id)
 
 
 def decision(

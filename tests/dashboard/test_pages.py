@@ -11,7 +11,7 @@ from django.test import Client
 from controlplane.access.roles import Role
 from controlplane.dashboard.models import AllocationSample
 from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node
-from controlplane.ledger.services import InventoryReport, apply_inventory
+from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
 from tests.builders import card_report
 from tests.dashboard.builders import (
     PASSWORD,

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.dashboard import selectors
-from controlplane.ledger import selectors as ledger_selectors
+from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import Card, Node
 from tests.dashboard.builders import decision, gpu_container, make_node, pod
 
@@ -86,54 +86,27 @@ def test_fragmentation_counts_only_schedulable_cards() -> None:
     assert frag.percent == pytest.approx(100 * 3000 / 18000)
 
 
-def test_card_usage_matches_the_scheduler_with_init_containers() -> None:
+def test_card_views_and_quota_rows_show_the_ledgers_usage() -> None:
     make_node("n1", cards=3, memory_mib=20000)
-    pod("excl", "n1", gpu_container(mem=1000, cores=100))
-    pod("plain", "n1", gpu_container(mem=2000, cores=10))
+    pod("plain", "n1", gpu_container(mem=2000, cores=10), namespace="team-a")
     pod(
         "with-init",
         "n1",
         gpu_container("app", mem=1000, cores=10),
+        namespace="team-a",
         init_containers=[gpu_container("setup", mem=5000, cores=40)],
     )
-    snapshot = ledger_selectors.cluster_snapshot()
-    expected = {
-        c.uuid: (c.used_memory_mib, c.used_compute, c.used_slots, c.exclusive)
-        for c in snapshot.nodes[0].cards
-    }
-    ids = dict(Card.objects.values_list("id", "uuid"))
-    usage = selectors.card_usage()
-    got = {ids[cid]: (u.memory_mib, u.cores, u.slots, u.exclusive) for cid, u in usage.items()}
-    assert got == {k: v for k, v in expected.items() if v != (0, 0, 0, False)}
-    # and the slice-row fold used by the node pages agrees with both
-    rows = list(
-        selectors.Slice.objects.filter(active=True).values_list(*selectors.SLICE_ROW_FIELDS)
-    )
-    folded = selectors.usage_per_card(rows)
-    assert {ids[c]: (u.memory_mib, u.cores, u.slots, u.exclusive) for c, u in folded.items()} == got
-    # the init container is counted at its peak, not on top of the app container
-    assert sum(u.memory_mib for u in usage.values()) < 2000 + 1000 + 5000 + 1000
-
-
-def test_usage_by_namespace_matches_ledger_namespace_usage() -> None:
-    make_node("n1", cards=4, memory_mib=40000)
-    pod("a1", "n1", gpu_container(gpus=2, mem=3000, cores=20), namespace="team-a")
-    pod(
-        "a2",
-        "n1",
-        gpu_container(mem=1000, cores=5),
-        namespace="team-a",
-        init_containers=[gpu_container("init", mem=9000, cores=50)],
-    )
-    pod("b1", "n1", gpu_container(mem=7000, cores=30), namespace="team-b", phase="reserved")
-    pod("b2", "n1", gpu_container(mem=7000, cores=30), namespace="team-b", phase="released")
-    usage = selectors.usage_by_namespace()
-    for ns in ("team-a", "team-b"):
-        want = ledger_selectors.namespace_usage(ns)
-        got = usage[ns]
-        assert (got.memory_mib, got.cores, got.slots) == (want.memory_mib, want.cores, want.gpus)
+    held = ledger_usage.card_usage()
+    views = {c.id: c.usage for c in selectors.card_views(Card.objects.all())}
+    assert views == {cid: held.get(cid, ledger_usage.EMPTY_CARD) for cid in views}
+    assert sum(u.memory_mib for u in views.values()) == 2000 + 5000  # init at its peak
     rows = {r.namespace: r for r in selectors.quota_rows()}
-    assert rows["team-b"].used_memory_mib == 7000 and not rows["team-b"].has_quota
+    want = ledger_usage.quota_usage("team-a")
+    got = rows["team-a"]
+    assert (got.used_memory_mib, got.used_cores, got.used_gpus) == (
+        want.memory_mib, want.cores, want.gpus
+    )  # fmt: skip
+    assert want.memory_mib == 7000 and not got.has_quota
 
 
 def test_explain_pod_in_plain_words() -> None:

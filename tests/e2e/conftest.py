@@ -92,7 +92,10 @@ def chart() -> ChartConfig | None:
 @pytest.fixture(scope="session")
 def cluster(binaries: dict[str, Path], chart: ChartConfig | None) -> Iterator[Cluster]:
     run = "run-pytest-chart" if chart is not None else "run-pytest"
-    options = Options(run_dir=cache_dir() / run, binaries=binaries, chart=chart)
+    # TESSERA_E2E_RUN_DIR gives a checkout runs of its own next to another's on one machine.
+    base = os.environ.get("TESSERA_E2E_RUN_DIR")
+    run_dir = Path(f"{base}-{run}") if base else cache_dir() / run
+    options = Options(run_dir=run_dir, binaries=binaries, chart=chart)
     harness = Cluster(options)
     # Pods ask for, and nodes advertise, what this control plane manages.
     objects.use_resources(harness.resource_names, harness.node_resource)

@@ -121,14 +121,15 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
     # (its Binding comes later).
     ledger(cluster, (
         "from controlplane.kube.adapter import get_kube\n"
-        "from controlplane.ledger import selectors, services\n"
+        "from controlplane.ledger import selectors\n"
+        "from controlplane.ledger.services import bindings\n"
         "from controlplane.scheduling import parse_pod\n"
         "config = selectors.scheduling_config()\n"
         "for name, node in placement.items():\n"
         "    request = parse_pod(get_kube().get_pod(namespace, name), config)\n"
-        "    services.reserve_binding(request, node)\n"
+        "    bindings.bind_pod(request, node)\n"
         "    if name != 'keeper':\n"
-        "        services.confirm_binding(request.uid)\n"
+        "        bindings.confirm_binding(request.uid)\n"
         "result = None\n"
     ), placement=placement, namespace=unmanaged)  # fmt: skip
 

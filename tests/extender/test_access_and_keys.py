@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.extender import signing
+from controlplane.ledger import allocation
 from tests.extender.builders import filter_args, gpu_pod
 from tests.extender.conftest import post
 
@@ -104,28 +104,28 @@ def test_ordinary_production_replicas_need_no_signing_key(tmp_path) -> None:
 
 @pytest.fixture
 def key_settings(settings):
-    signing.reset_key()
+    allocation.reset_key()
     yield settings
-    signing.reset_key()
+    allocation.reset_key()
 
 
 def test_key_file_wins_and_whitespace_is_stripped(key_settings, tmp_path) -> None:
     path = tmp_path / "k"
     path.write_bytes(b"  " + b"f" * 40 + b"\n")
     key_settings.TESSERA = {**key_settings.TESSERA, "ALLOCATION_KEY_FILE": str(path)}
-    assert signing.key() == b"f" * 40
+    assert allocation.key() == b"f" * 40
 
 
 def test_dev_without_a_key_generates_one_once_and_keeps_it(key_settings, tmp_path) -> None:
     key_settings.LOCAL_DIR = tmp_path
     key_settings.TESSERA = {**key_settings.TESSERA, "ALLOCATION_KEY": ""}
-    first = signing.key()
-    signing.reset_key()
-    assert signing.key() == first and len(first) >= 32
+    first = allocation.key()
+    allocation.reset_key()
+    assert allocation.key() == first and len(first) >= 32
     assert (tmp_path / "allocation.key").stat().st_mode & 0o777 == 0o600
 
 
 def test_a_short_dev_key_is_refused(key_settings) -> None:
     key_settings.TESSERA = {**key_settings.TESSERA, "ALLOCATION_KEY": "short"}
     with pytest.raises(ImproperlyConfigured, match="at least 32"):
-        signing.key()
+        allocation.key()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.access.roles import Role
-from controlplane.extender.signing import ANNOTATION, encode
+from controlplane.ledger.allocation import ANNOTATION, encode
 from controlplane.ledger.models import Node, PodBinding
 from tests.builders import make_node, token_client
 from tests.extender.builders import bind_args, filter_args, gpu_pod

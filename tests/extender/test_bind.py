@@ -9,10 +9,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from controlplane.extender import signing
-from controlplane.extender.selectors import expired_reservations
 from controlplane.kube import base as kube
+from controlplane.ledger import allocation
 from controlplane.ledger.models import PodBinding, SchedulingDecision, Slice
+from controlplane.ledger.selectors import expired_reservations
 from tests.builders import make_node
 from tests.extender.builders import bind_args, filter_args, gpu_pod, plain_pod
 from tests.extender.conftest import fixture_pod, post
@@ -38,7 +38,7 @@ def test_bind_reserves_binds_with_signed_allocation_and_confirms(client, fake_ku
 
     [(ns, name, uid, node, annotations)] = fake_kube.bind_calls
     assert (ns, name, uid, node) == ("team-a", "trainer-7f9c4b6d8-x2kqp", binding.pod_uid, "big")
-    value = annotations[signing.ANNOTATION]
+    value = annotations[allocation.ANNOTATION]
     record = json.loads(value)
     # docs/allocation.md: compact JSON, keys sorted, version 1
     assert value == json.dumps(record, separators=(",", ":"), sort_keys=True)
@@ -51,11 +51,11 @@ def test_bind_reserves_binds_with_signed_allocation_and_confirms(client, fake_ku
     assert all(d == {**d, "memory_mib": 3000, "cores": 30} for d in trainer["devices"])
     assert warmup["devices"][0]["memory_mib"] == 2000
     # the signature: v1: + unpadded base64url HMAC-SHA256 over the exact value bytes
-    signature = annotations[signing.SIGNATURE_ANNOTATION]
+    signature = annotations[allocation.SIGNATURE_ANNOTATION]
     assert signature.startswith("v1:") and "=" not in signature
     key = b"tessera-test-allocation-key-0123456789abcdef"
-    assert signing.verify(value, signature, key)
-    assert not signing.verify(value.replace("3000", "9000"), signature, key)
+    assert allocation.verify(value, signature, key)
+    assert not allocation.verify(value.replace("3000", "9000"), signature, key)
     assert fake_kube.pods[("team-a", "trainer-7f9c4b6d8-x2kqp")]["spec"]["nodeName"] == "big"
 
 

@@ -15,9 +15,9 @@ from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 
-from controlplane.extender.selectors import expired_reservations
 from controlplane.kube import base as kube
 from controlplane.ledger.models import PodBinding, Slice
+from controlplane.ledger.selectors import expired_reservations
 from tests.builders import make_node, run_at_once, using_postgres
 from tests.extender.builders import bind_args, gpu_pod
 from tests.extender.conftest import post

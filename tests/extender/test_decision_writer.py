@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 import pytest
-from django.utils import timezone
 
 from controlplane.access.roles import Role
 from controlplane.extender import decisions
-from controlplane.extender.services import DecisionRecord, Outcome
-from controlplane.ledger.models import PodBinding, SchedulingDecision
+from controlplane.ledger.models import SchedulingDecision
+from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, token_client
 from tests.extender.builders import bind_args, filter_args, gpu_pod
 from tests.extender.conftest import post
@@ -110,36 +108,6 @@ def test_a_failed_bind_writes_the_held_decision_then_the_failure(client, async_l
         "refused: gone",
         ["n1"],
     )
-
-
-@pytest.mark.django_db(transaction=True)
-def test_bind_confirms_in_the_writers_next_batch_many_pods_in_one_statement(
-    client, async_log, fake_kube, monkeypatch
-) -> None:
-    monkeypatch.setattr(decisions, "BATCH_WINDOW_S", 5.0)  # the batch ends at the flush
-    calls: list[list[tuple[str, datetime]]] = []
-    confirm = decisions.ledger_services.confirm_bindings
-
-    def spy(confirmations: list[tuple[str, datetime]]) -> int:
-        if confirmations:
-            calls.append(list(confirmations))
-        return confirm(confirmations)
-
-    monkeypatch.setattr(decisions.ledger_services, "confirm_bindings", spy)
-    make_node("n1", cards=1, memory_mib=10000)
-    pods = [fake_kube.add(gpu_pod(f"b{i}")) for i in range(3)]
-    started = timezone.now()
-    for pod in pods:
-        assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}
-    answered = timezone.now()
-    # Not on bind's path: the reservations hold their slices, the writer confirms them later.
-    phases = PodBinding.objects.filter(name__startswith="b").values_list("phase", flat=True)
-    assert sorted(phases) == ["reserved"] * 3
-    decisions.writer.flush()
-    assert [[uid for uid, _ in call] for call in calls] == [[p["metadata"]["uid"] for p in pods]]
-    for binding in PodBinding.objects.filter(name__startswith="b"):
-        assert binding.phase == "bound" and binding.deadline is None
-        assert started <= binding.bound_at <= answered
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controlplane.ledger import services
 from controlplane.ledger.models import NamespaceQuota, PodBinding, SchedulingDecision, Slice
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
 from tests.extender.builders import filter_args, gpu_pod, plain_pod, v1_node
@@ -24,7 +24,7 @@ def test_full_v1_pod_gets_every_feasible_node_and_a_reason_for_the_rest(client) 
     make_node("one-card", cards=1, memory_mib=80000)  # trainer needs 2 distinct cards
     make_node("l4", cards=4, memory_mib=23034, model="NVIDIA L4")  # excluded by use-gputype
     make_node("busy", cards=2, memory_mib=8000)
-    services.reserve_binding(parse_pod(gpu_pod("hog", gpus=2, mem=7000)), "busy")
+    bindings.bind_pod(parse_pod(gpu_pod("hog", gpus=2, mem=7000)), "busy")
     names = ["big", "small", "one-card", "l4", "busy", "ghost"]
 
     response = post(client, "/scheduler/filter", filter_args(fixture_pod(), names))
@@ -97,7 +97,7 @@ def test_every_returned_name_was_in_the_input_and_order_is_kept(client) -> None:
 def test_quota_refuses_every_node_when_even_the_smallest_placement_exceeds(client) -> None:
     make_node("n1", cards=2, memory_mib=10000)
     NamespaceQuota.objects.create(namespace="team-a", gpumem_mib=4000)
-    services.reserve_binding(parse_pod(gpu_pod("first", "team-a", mem=3000)), "n1")
+    bindings.bind_pod(parse_pod(gpu_pod("first", "team-a", mem=3000)), "n1")
 
     body = post(
         client, "/scheduler/filter", filter_args(gpu_pod("second", "team-a", mem=2000), ["n1"])

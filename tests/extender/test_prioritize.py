@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.ledger import services
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
 from tests.extender.builders import filter_args, gpu_pod, plain_pod
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def half_full_and_empty() -> list[str]:
     make_node("empty", cards=1, memory_mib=10000)
     make_node("half", cards=1, memory_mib=10000)
-    services.reserve_binding(parse_pod(gpu_pod("hog", mem=5000)), "half")
+    bindings.bind_pod(parse_pod(gpu_pod("hog", mem=5000)), "half")
     return ["empty", "half"]
 
 

@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from controlplane.extender import snapshots
 from controlplane.extender.snapshots import snapshot_cache
-from controlplane.ledger import selectors, services
+from controlplane.ledger import selectors
 from controlplane.ledger.models import Node
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
 from tests.extender.builders import bind_args, filter_args, gpu_pod
@@ -39,7 +40,7 @@ def test_other_writers_show_within_the_ttl(client, cached, django_assert_max_num
     make_node("n1", cards=1, memory_mib=10000)
     assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
     # another replica reserves (not through this process's bind)
-    services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+    bindings.bind_pod(parse_pod(gpu_pod("other", mem=6000)), "n1")
     # within the TTL the cache may still say yes (an accelerator; bind would refuse) ...
     # only the decision upsert in its transaction (+ SET LOCAL on PostgreSQL); quotas come
     # with the snapshot; re-reading the snapshot would add 3 queries or more
@@ -102,7 +103,7 @@ def test_new_nodes_appear_and_deleted_ones_go(client, cached, monkeypatch) -> No
 def test_ttl_zero_reads_the_ledger_every_time(client) -> None:
     make_node("n1", cards=1, memory_mib=10000)
     assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
-    services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+    bindings.bind_pod(parse_pod(gpu_pod("other", mem=6000)), "n1")
     assert feasible(client, gpu_pod("b", mem=6000), ["n1"]) == []
 
 
@@ -114,7 +115,7 @@ def test_the_background_thread_keeps_it_fresh_off_the_request_path(client, setti
     try:
         make_node("n1", cards=1, memory_mib=10000)
         assert feasible(client, gpu_pod("a", mem=6000), ["n1"]) == ["n1"]
-        services.reserve_binding(parse_pod(gpu_pod("other", mem=6000)), "n1")
+        bindings.bind_pod(parse_pod(gpu_pod("other", mem=6000)), "n1")
         deadline = time.monotonic() + 5
         while (
             time.monotonic() < deadline
@@ -160,10 +161,10 @@ def test_passes_skip_own_held_binds_and_reread_every_other_change(
     assert next_pass() == set()  # our own reservation (and its confirmation): already assumed
     assert snapshot_cache.get().by_name["n1"] == real(["n1"]).nodes[0]
 
-    services.reserve_binding(parse_pod(gpu_pod("foreign", mem=6000)), "n2")
+    bindings.bind_pod(parse_pod(gpu_pod("foreign", mem=6000)), "n2")
     assert next_pass() == {"n2"}  # another writer's binding on n2 (ours on n1 still skipped)
 
-    services.release_binding(ours["metadata"]["uid"], "the pod ended")
+    bindings.release_binding(ours["metadata"]["uid"], "the pod ended")
     assert next_pass() == {"n1"}  # our pod's slices freed by someone else: read back
     assert snapshot_cache.get().by_name["n1"] == real(["n1"]).nodes[0]
 

@@ -8,9 +8,11 @@ import time
 
 import pytest
 from django.db import connection, connections, transaction
+from django.utils import timezone
 
 from controlplane import rawsql
-from controlplane.ledger import services, sql
+from controlplane.ledger import sql
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json, using_postgres
 
@@ -40,7 +42,7 @@ def _prepared(prefix: str = "") -> list[str]:
 def test_reservations_prepare_their_statements_after_a_few_runs() -> None:
     make_node("n1", cards=1, memory_mib=80000)
     for i in range(8):
-        services.reserve_binding(_request(f"pod-{i}"), "n1")
+        bindings.bind_pod(_request(f"pod-{i}"), "n1")
 
     # prepared by the libpq pipeline of rawsql (its names), not through psycopg's cursors
     prepared = _prepared("_tessera_")
@@ -59,10 +61,17 @@ def test_the_pipelined_reads_wait_for_the_node_lock_and_see_what_its_holder_wrot
     def holder() -> None:
         try:
             with transaction.atomic():
-                sql.lock_and_read("default", "n1", "nobody")
+                locked = sql.lock_and_read("default", "n1", "nobody")
                 holder_locked.set()
                 release.wait(10)
-                services.reserve_binding(_request("first"), "n1")  # writes under the lock
+                now = timezone.now()
+                values = {
+                    "pod_uid": "first", "namespace": "default", "name": "first",
+                    "node": locked.node.pk, "phase": "reserved", "reason": "", "request": {},
+                    "deadline": None, "reserved_at": now, "created_at": now, "updated_at": now,
+                }  # fmt: skip
+                slices = [(locked.cards[0].pk, "main", 0, False, 1000, 0)]
+                sql.insert_binding(values, slices)  # writes under the lock
         finally:
             connections.close_all()
 
@@ -94,7 +103,7 @@ def test_an_error_inside_the_pipeline_is_djangos_and_leaves_the_connection_usabl
     from django.db import IntegrityError
 
     make_node("n1", cards=1, memory_mib=80000)
-    services.reserve_binding(_request("twin"), "n1")
+    bindings.bind_pod(_request("twin"), "n1")
     with pytest.raises(IntegrityError), transaction.atomic():
         rawsql.fetch_in_order(
             [("SELECT 1", ()), ("INSERT INTO ledger_podbinding (pod_uid) VALUES ('twin')", ())]
@@ -154,11 +163,12 @@ def test_a_reservation_writes_its_binding_and_slices_in_one_statement() -> None:
     make_node("n1", cards=2, memory_mib=80000)
     pod = pod_json("two", containers=[gpu_container("main", mem=1000, gpus=2)])
     pod["metadata"]["uid"] = "two"
-    binding = services.reserve_binding(parse_pod(pod), "n1")
+    reservation = bindings.bind_pod(parse_pod(pod), "n1")
     rows = rawsql.fetch(
         "SELECT binding_id, container_name, memory_mib, active FROM ledger_slice ORDER BY id", ()
     )
-    assert rows == [(binding.pk, "main", 1000, True), (binding.pk, "main", 1000, True)]
+    binding_id = reservation.binding_id
+    assert rows == [(binding_id, "main", 1000, True), (binding_id, "main", 1000, True)]
 
 
 def test_the_libpq_pipeline_returns_what_a_cursor_returns() -> None:

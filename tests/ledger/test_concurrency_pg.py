@@ -13,8 +13,9 @@ import pytest
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
-from controlplane.ledger import services
+from controlplane.ledger import errors
 from controlplane.ledger.models import Card, PodBinding, Slice
+from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json, run_at_once, using_postgres
 
@@ -32,8 +33,8 @@ THREADS = 64
 def reserving(request) -> Callable[[], str]:
     def job() -> str:
         try:
-            services.reserve_binding(request, "n1")
-        except services.AllocationRefused:
+            bindings.bind_pod(request, "n1")
+        except errors.AllocationRefused:
             return "refused"
         except Exception as exc:  # recorded and asserted on, never swallowed
             return f"error: {type(exc).__name__}: {exc}"

@@ -188,31 +188,33 @@ def test_identity_checks() -> None:
 
 
 def test_records_the_control_plane_signs_verify_here() -> None:
-    """Cross-check with the extender's own code (controlplane/extender/signing.py)."""
-    from controlplane.extender import signing
+    """Cross-check with the extender's own code (controlplane/extender/allocation.py)."""
+    from controlplane.ledger import allocation
 
     key = b"a-32-byte-test-key-for-tessera!!"
-    record = signing.allocation_record(
+    record = allocation.allocation_record(
         "uid-9",
         "team-a",
         "trainer",
         "n1",
         [
-            signing.ContainerAllocation(
+            allocation.ContainerAllocation(
                 "app",
                 0,
                 False,
-                (signing.Device("GPU-b", 1, 2000, 30), signing.Device("GPU-a", 0, 1000, 0)),
+                (allocation.Device("GPU-b", 1, 2000, 30), allocation.Device("GPU-a", 0, 1000, 0)),
             ),
-            signing.ContainerAllocation("setup", 0, True, (signing.Device("GPU-a", 0, 500, 0),)),
+            allocation.ContainerAllocation(
+                "setup", 0, True, (allocation.Device("GPU-a", 0, 500, 0),)
+            ),
         ],
     )
-    value = signing.encode(record)
+    value = allocation.encode(record)
     parsed = al.from_annotations(
-        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: signing.sign(value, key)}, key
+        {al.ANNOTATION: value, al.SIGNATURE_ANNOTATION: allocation.sign(value, key)}, key
     )
     assert parsed is not None
-    assert al.sign(value, key) == signing.sign(value, key)
+    assert al.sign(value, key) == allocation.sign(value, key)
     assert [c.name for c in parsed.kubelet_order()] == ["setup", "app"]
     app = parsed.container("app")
     assert app is not None

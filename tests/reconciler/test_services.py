@@ -7,22 +7,22 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.extender import signing
 from controlplane.kube.sources import PodView
-from controlplane.ledger import services as ledger
+from controlplane.ledger import allocation
+from controlplane.ledger.allocation import verify_allocation
 from controlplane.ledger.models import AuditEvent, Node, PodBinding, Slice
+from controlplane.ledger.services import bindings, nodes
 from controlplane.reconciler import services
-from controlplane.reconciler.sources import verify_allocation
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json
 
 pytestmark = pytest.mark.django_db
 
 
-def reserve(name: str, node: str = "n1", mem: int = 1000) -> PodBinding:
+def reserve(name: str, node: str = "n1", mem: int = 1000) -> bindings.Reservation:
     request = parse_pod(pod_json(name, containers=[gpu_container(mem=mem)]))
     assert request is not None
-    return ledger.reserve_binding(request, node)
+    return bindings.bind_pod(request, node)
 
 
 def view(binding_or_uid, node: str | None = "n1", phase: str = "Running", **annotations):
@@ -43,14 +43,14 @@ def phase(uid: str) -> str:
 
 
 def signed(uid: str, name: str, node: str, card: str, mem: int = 2000, cores: int = 10):
-    record = signing.allocation_record(
+    record = allocation.allocation_record(
         uid,
         "default",
         name,
         node,
-        [signing.ContainerAllocation("c", 0, False, (signing.Device(card, 0, mem, cores),))],
+        [allocation.ContainerAllocation("c", 0, False, (allocation.Device(card, 0, mem, cores),))],
     )
-    return signing.annotations(record)
+    return allocation.annotations(record)
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def _node(db: None) -> None:
 def test_deleted_and_finished_pods_release_their_slices_and_a_rerun_changes_nothing() -> None:
     gone, done, failed, alive = (reserve(n) for n in ("gone", "done", "failed", "alive"))
     for b in (done, failed, alive):
-        ledger.confirm_binding(b.pod_uid)
+        bindings.confirm_binding(b.pod_uid)
     pods = [view(done, phase="Succeeded"), view(failed, phase="Failed"), view(alive)]
     drift = run(pods)
     assert drift == {"released_deleted": 1, "released_finished": 2}
@@ -149,18 +149,22 @@ def test_forged_or_invalid_allocations_are_flagged_never_adopted(tamper: str) ->
     annotations = dict(signed("uid-default-x", "x", "n1", "GPU-n1-0"))
     node = "n1"
     if tamper == "unsigned":
-        del annotations[signing.SIGNATURE_ANNOTATION]
+        del annotations[allocation.SIGNATURE_ANNOTATION]
     elif tamper == "bad-signature":
-        annotations[signing.SIGNATURE_ANNOTATION] = "v1:AAAA"
+        annotations[allocation.SIGNATURE_ANNOTATION] = "v1:AAAA"
     elif tamper == "altered-memory":
-        annotations[signing.ANNOTATION] = annotations[signing.ANNOTATION].replace("2000", "9000")
+        annotations[allocation.ANNOTATION] = annotations[allocation.ANNOTATION].replace(
+            "2000", "9000"
+        )
     elif tamper == "other-pod":
         annotations = dict(signed("uid-default-y", "y", "n1", "GPU-n1-0"))
     elif tamper == "other-node":
         node = "n9"
     elif tamper == "garbage":
-        annotations = {signing.ANNOTATION: "{not json", signing.SIGNATURE_ANNOTATION: ""}
-        annotations[signing.SIGNATURE_ANNOTATION] = signing.sign(annotations[signing.ANNOTATION])
+        annotations = {allocation.ANNOTATION: "{not json", allocation.SIGNATURE_ANNOTATION: ""}
+        annotations[allocation.SIGNATURE_ANNOTATION] = allocation.sign(
+            annotations[allocation.ANNOTATION]
+        )
     drift = run([view("uid-default-x", node=node, **annotations)])
     assert drift == {"flagged_invalid_allocation": 1}, drift
     assert not PodBinding.objects.exists()
@@ -171,10 +175,10 @@ def test_forged_or_invalid_allocations_are_flagged_never_adopted(tamper: str) ->
 def test_stale_and_deleted_nodes_are_marked_not_ready() -> None:
     make_node("n2", cards=1)
     Node.objects.filter(name="n1").update(last_heartbeat=timezone.now() - timedelta(hours=1))
-    assert services.mark_stale_nodes() == 1
-    assert services.mark_stale_nodes() == 0
+    assert nodes.mark_stale_nodes(services.SYSTEM) == 1
+    assert nodes.mark_stale_nodes(services.SYSTEM) == 0
     assert not Node.objects.get(name="n1").ready
-    assert services.mark_deleted_nodes({"n1"}) == 1
+    assert nodes.mark_deleted_nodes({"n1"}, services.SYSTEM) == 1
     assert not Node.objects.get(name="n2").ready
     make_node("n1", cards=2, memory_mib=10000)  # its next report brings it back
     assert Node.objects.get(name="n1").ready
@@ -235,7 +239,7 @@ def test_a_resume_point_ahead_of_the_api_server_is_a_full_relist_not_a_silent_wa
 
     assert first.mode == "full" and source.watched == []
     assert first.drift == {"resume_point_ahead": 1, "released_deleted": 1}
-    assert PodBinding.objects.get(pk=gone.pk).phase == "released"
+    assert PodBinding.objects.get(pk=gone.binding_id).phase == "released"
     assert state[RV_KEY] == "50"
     second = run_reconcile(source, state, full=False)  # now a version the server has
     assert second.mode == "watch" and source.watched == ["50"]

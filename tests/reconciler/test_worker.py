@@ -21,10 +21,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from controlplane.extender import signing
 from controlplane.kube.embedded import EmbeddedKube
-from controlplane.ledger import services as ledger
+from controlplane.ledger import allocation
 from controlplane.ledger.models import Card, PodBinding, Slice
+from controlplane.ledger.services import bindings
 from controlplane.reconciler.models import ReconcileRun
 from controlplane.reconciler.tasks import LOCK_KEY
 from controlplane.scheduling import parse_pod
@@ -125,14 +125,18 @@ def bound_pod(kube: EmbeddedKube, name: str, mem: int = 1000, sign: bool = False
     uid = obj["metadata"]["uid"]
     annotations: dict[str, str] = {}
     if sign:
-        record = signing.allocation_record(
+        record = allocation.allocation_record(
             uid,
             "default",
             name,
             "n1",
-            [signing.ContainerAllocation("c", 0, False, (signing.Device("GPU-n1-0", 0, mem, 0),))],
+            [
+                allocation.ContainerAllocation(
+                    "c", 0, False, (allocation.Device("GPU-n1-0", 0, mem, 0),)
+                )
+            ],
         )
-        annotations = signing.annotations(record)
+        annotations = allocation.annotations(record)
     kube.bind_pod("default", name, uid, "n1", annotations)
     return uid
 
@@ -142,7 +146,7 @@ def reserve_for(kube: EmbeddedKube, name: str) -> str:
     pod = dict(obj)
     request = parse_pod(pod)
     assert request is not None
-    ledger.reserve_binding(request, "n1")
+    bindings.bind_pod(request, "n1")
     return request.uid
 
 
@@ -156,7 +160,7 @@ def test_worker_and_beat_repair_deletion_expiry_and_adoption(celery_factory) -> 
     # a bound pod the ledger knows
     doomed = reserve_for(kube, "doomed")
     kube.bind_pod("default", "doomed", doomed, "n1", {})
-    ledger.confirm_binding(doomed)
+    bindings.confirm_binding(doomed)
     # a reservation whose Binding never reached the API server
     stuck = reserve_for(kube, "stuck")
     deadline = timezone.now() + timedelta(seconds=4)

@@ -13,9 +13,10 @@ from django.utils import timezone
 from controlplane.access.roles import Role
 from controlplane.dashboard import views
 from controlplane.dashboard.models import AllocationSample
-from controlplane.dashboard.services import QuotaLimitsInput, set_card_cordon, set_quota
 from controlplane.ledger.models import NamespaceQuota
-from controlplane.ledger.services import InventoryReport, apply_inventory
+from controlplane.ledger.services.cordons import set_card_cordon
+from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
+from controlplane.ledger.services.quotas import QuotaLimitsInput, set_quota
 from tests.builders import card_report
 from tests.dashboard.builders import PASSWORD, decision, gpu_container, make_node, person, pod
 

@@ -22,12 +22,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 
 from controlplane.access.roles import Role
 from controlplane.access.services import grant_role
 from controlplane.extender.demo import DemoWorkload
-from controlplane.ledger.services import CardReport, InventoryReport, apply_inventory
+from controlplane.ledger.services.nodes import CardReport, InventoryReport, apply_inventory
 
 DEMO_NODES: dict[str, list[tuple[str, int]]] = {
     "demo-gpu-a100-0": [("NVIDIA A100-SXM4-80GB", 81920)] * 4,
@@ -76,9 +75,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         password = self._ensure_admin()
         if settings.TESSERA["KUBE_MODE"] == "embedded":
-            with transaction.atomic():
-                for node, cards in DEMO_NODES.items():
-                    apply_inventory(node, demo_report(node, cards), actor="demo")
+            for node, cards in DEMO_NODES.items():
+                apply_inventory(node, demo_report(node, cards), actor="demo")
             self.stdout.write(
                 f"demo: {len(DEMO_NODES)} simulated GPU nodes registered "
                 f"({sum(len(c) for c in DEMO_NODES.values())} cards)"

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from controlplane.reconciler import sources
+from controlplane.kube import adapter
 from controlplane.reconciler.tasks import LocalState, run_reconcile
 
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, _stop)
         state = LocalState()
-        source = sources.default_source()
+        source = adapter.cluster_source()
         while True:
             run = run_reconcile(source, state, full=options["full"])
             if run.drift or not options["loop"]:

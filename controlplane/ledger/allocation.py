@@ -1,4 +1,9 @@
-"""The allocation record (docs/allocation.md): its JSON, its HMAC signature and the key.
+"""The allocation record (docs/allocation.md): its JSON, its HMAC signature, the key, and
+reading a signed record back.
+
+Bind writes the record onto the pod (two annotations through the Binding); node plugins and the
+reconciler trust a pod's allocation only when its signature verifies: a pod's owner can write
+annotations but cannot sign them.
 
 The key is read once per process. Where it comes from:
 
@@ -15,7 +20,7 @@ the extender (see `check_production_key`, called from the app's `ready()`).
 """
 
 # No `from __future__ import annotations` here: it would bind the name `annotations`, which is
-# this module's public function (the reconciler and its tests call `signing.annotations`).
+# this module's public function (bind and the tests call `allocation.annotations`).
 import base64
 import hashlib
 import hmac
@@ -23,7 +28,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +138,22 @@ class ContainerAllocation:
     devices: tuple[Device, ...]
 
 
+# (container name, container index, init, card UUID, card index, memory MiB, compute percent)
+SliceRow = tuple[str, int, bool, str, int, int, int]
+
+
+def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
+    """The record's containers from one binding's slices, one row per (container, card)."""
+    containers: dict[tuple[bool, int], tuple[str, list[Device]]] = {}
+    for name, index, init, uuid, card_index, memory, cores in rows:
+        entry = containers.setdefault((init, index), (name, []))
+        entry[1].append(Device(uuid, card_index, memory, cores))
+    return [
+        ContainerAllocation(name, index, init, tuple(devices))
+        for (init, index), (name, devices) in containers.items()
+    ]
+
+
 def allocation_record(
     pod_uid: str, namespace: str, name: str, node: str, containers: Iterable[ContainerAllocation]
 ) -> dict[str, Any]:
@@ -181,3 +202,76 @@ def annotations(record: dict[str, Any]) -> dict[str, str]:
     """The two pod annotations bind writes through the Binding."""
     value = encode(record)
     return {ANNOTATION: value, SIGNATURE_ANNOTATION: sign(value)}
+
+
+# --- reading a signed record back (the reconciler adopts what the ledger lacks) ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    uuid: str
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedContainer:
+    name: str
+    index: int
+    init: bool
+    devices: tuple[AllocatedDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A verified allocation record."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    containers: tuple[AllocatedContainer, ...]
+
+
+class InvalidAllocation(ValueError):
+    """A pod's allocation annotations that are unsigned, altered or malformed (the reason)."""
+
+
+def verify_allocation(pod_annotations: Mapping[str, str]) -> Allocation:
+    """Parse a pod's allocation annotation after checking the control plane's signature.
+
+    Raises InvalidAllocation naming what is wrong; an unsigned or altered record is never
+    adopted.
+    """
+    value = pod_annotations.get(ANNOTATION, "")
+    signature = pod_annotations.get(SIGNATURE_ANNOTATION, "")
+    if not signature:
+        raise InvalidAllocation("the allocation carries no signature")
+    if not verify(value, signature):
+        raise InvalidAllocation("the allocation's signature does not verify")
+    try:
+        record: dict[str, Any] = json.loads(value)
+        if record.get("v") != VERSION:
+            raise InvalidAllocation(f"allocation version {record.get('v')!r} is not supported")
+        return Allocation(
+            pod_uid=str(record["pod_uid"]),
+            namespace=str(record["namespace"]),
+            name=str(record["name"]),
+            node=str(record["node"]),
+            containers=tuple(
+                AllocatedContainer(
+                    name=str(c["name"]),
+                    index=int(c["index"]),
+                    init=bool(c["init"]),
+                    devices=tuple(
+                        AllocatedDevice(str(d["uuid"]), int(d["memory_mib"]), int(d["cores"]))
+                        for d in c["devices"]
+                    ),
+                )
+                for c in record["containers"]
+            ),
+        )
+    except InvalidAllocation:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidAllocation(f"the allocation is malformed: {exc!r}") from None

@@ -1,0 +1,46 @@
+"""Operators' cordons: a cordoned node or card keeps what it holds and takes nothing new.
+
+Each takes the node's row lock, as bind does, so a bind in flight either sees the cordon or
+committed before it. Audited when the flag changes.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.ledger.errors import NotFound, ServiceError
+from controlplane.ledger.models import Card, Node
+from controlplane.ledger.services.audit import record_event
+from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
+
+
+@transaction.atomic(durable=True)
+def set_node_cordon(name: str, cordoned: bool, actor: str, reason: str = "") -> Node:
+    """Cordon (place nothing new) or uncordon a node."""
+    if not is_node_name(name):
+        raise ServiceError(f"name: {name!r} is not a valid node name: {NODE_NAME_HELP}", "name")
+    node = Node.objects.select_for_update().filter(name=name).first()
+    if node is None:
+        raise NotFound(f"node {name!r} is not registered with Tessera", field="name")
+    if node.cordoned != cordoned:
+        node.cordoned = cordoned
+        node.save(update_fields=["cordoned"])
+        action = "node-cordon" if cordoned else "node-uncordon"
+        record_event(actor, action, "node", name, reason=reason[:500])
+    return node
+
+
+@transaction.atomic(durable=True)
+def set_card_cordon(uuid: str, cordoned: bool, actor: str, reason: str = "") -> Card:
+    """Cordon or uncordon one card; locks the card's node first."""
+    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
+    if card is None:
+        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
+    Node.objects.select_for_update().filter(pk=card.node_id).first()
+    card = Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
+    if card.cordoned != cordoned:
+        card.cordoned = cordoned
+        card.save(update_fields=["cordoned"])
+        action = "card-cordon" if cordoned else "card-uncordon"
+        record_event(actor, action, "card", uuid, node=card.node.name, reason=reason[:500])
+    return card
