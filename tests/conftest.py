@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from controlplane.access.roles import Role
 from tests.builders import token_client
+from tests.ledger_guard import guarded
 from tests.workers import RedisServer
 
 
@@ -27,3 +28,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _only_ledger_services_write_ledger_rows(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For every database test: no ledger row is written but by the ledger's services."""
+    node = request.node
+    if node.get_closest_marker("django_db") is None or node.get_closest_marker("ledger_guard_off"):
+        yield
+        return
+    request.getfixturevalue("_django_db_helper")  # the test database is set up first
+    with guarded() as guard:
+        yield
+    assert not guard.violations, "ledger rows written outside controlplane/ledger/services/:\n" + (
+        "\n".join(sorted(set(guard.violations)))
+    )
