@@ -108,6 +108,7 @@ INSTALLED_APPS = [
     "controlplane.extender",
     "controlplane.dashboard",
     "controlplane.reconciler",
+    "controlplane.demo",
 ]
 
 MIDDLEWARE = [

@@ -7,7 +7,7 @@ import io
 import pytest
 from django.core.management import call_command
 
-from controlplane.extender import demo
+from controlplane.demo import workload as demo
 from controlplane.kube.models import EmbeddedPod
 from controlplane.ledger.models import PodBinding, Slice
 

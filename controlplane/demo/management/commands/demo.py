@@ -25,7 +25,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.access.roles import Role
 from controlplane.access.services import grant_role
-from controlplane.extender.demo import DemoWorkload
+from controlplane.demo.workload import DemoWorkload
 from controlplane.ledger.services.nodes import CardReport, InventoryReport, apply_inventory
 
 DEMO_NODES: dict[str, list[tuple[str, int]]] = {

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class DemoConfig(AppConfig):
+    name = "controlplane.demo"
+    label = "demo"
+    verbose_name = "Embedded demo"
