@@ -47,7 +47,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_extender import ScratchDatabase
+from bench.bench_extender import ScratchDatabase, settings_from
 from e2e import objects
 from e2e.cluster import Cluster, HarnessError, Options, cache_dir
 
@@ -506,13 +506,22 @@ def main(argv: list[str] | None = None) -> int:
         "set-up the same share of early and late",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also run (d): Tessera's extender with this setting (repeatable), scheduled with "
+        "(c) in the mirrored order, to compare two settings side by side in one run",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", ""),
         help="a PostgreSQL server for the control plane (a scratch database is made on it and "
         "dropped); default: SQLite in the run folder",
     )
     args = parser.parse_args(argv)
-    phases = set(args.only.split(","))
+    variant = settings_from(parser, "--variant", args.variant)
+    phases = set(args.only.split(",")) | ({"d"} if variant else set())
 
     scratch = ScratchDatabase(args.database_url or None, Path(tempfile.mkdtemp()))
     env = {"TESSERA_LOG_LEVEL": "WARNING"}
@@ -543,11 +552,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         api = Api(cluster)
         setup_nodes(cluster, api, args.nodes, args.cards, args.workers)
+        webhook = bool(cluster.state["webhook_registered"])
         plan = [
             ("a", "(a) kube-scheduler, no extender", "none", False),
             ("b", "(b) + no-op extender", None, False),
-            ("c", "(c) + Tessera extender", "tessera", bool(cluster.state["webhook_registered"])),
+            ("c", "(c) + Tessera extender", "tessera", webhook),
         ]
+        if variant:
+            settings = " ".join(f"{k}={v}" for k, v in variant.items())
+            plan.append(("d", f"(d) Tessera, {settings}", "tessera", webhook))
+        sidecar_env: dict[str, str] = {}
         schedule = [
             (r, *phase)
             for r in range(rounds)
@@ -559,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
             if extender is None:
                 noop = noop or cluster.start_noop_extender()
                 extender = noop
+            if extender == "tessera":
+                wanted = variant if key == "d" else {}
+                if wanted != sidecar_env:
+                    cluster.restart_extender(wanted)
+                    sidecar_env = wanted
             labels[key] = label
             namespace = f"bench-{key}" if rounds == 1 else f"bench-{key}-{r + 1}"
             result = run_phase(
@@ -574,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 webhook,
             )
             by_key.setdefault(key, []).append(result)
-            if key == "c" and not any(k == "c" for _, k, *_ in schedule[i + 1 :]):
+            if key in "cd" and not any(k == key for _, k, *_ in schedule[i + 1 :]):
                 print_extender_times(cluster)
             if i < len(schedule) - 1:
                 clean_up(api, namespace, args.timeout, args.workers)
@@ -600,6 +619,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c)/(a) throughput: {c.pods_per_s / a.pods_per_s:.2f}")
     if c and b and b.p99_ms:
         print(f"(c)/(b) p99 latency: {c.p99_ms / b.p99_ms:.2f}")
+    d = results.get("d")
+    if d and b and b.pods_per_s:
+        print(f"(d)/(b) throughput: {d.pods_per_s / b.pods_per_s:.2f}")
+    if d and c and c.pods_per_s:
+        print(f"(d)/(c) throughput: {d.pods_per_s / c.pods_per_s:.2f}")
     return 0 if all(r.bound == r.pods for r in results.values()) else 1
 
 

@@ -419,6 +419,17 @@ def models_f(name: str) -> Any:
 # --- main ----------------------------------------------------------------------------------------
 
 
+def settings_from(parser: argparse.ArgumentParser, option: str, items: list[str]) -> dict[str, str]:
+    """KEY=VALUE arguments as a dict; a malformed one stops the run with the option's name."""
+    settings: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"{option} {item!r}: give KEY=VALUE")
+        settings[key] = value
+    return settings
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", ""))
@@ -430,13 +441,21 @@ def main() -> int:
     parser.add_argument("--burst-nodes", type=int, default=125)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=1, help="the sidecar's worker processes")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the sidecar (repeatable), e.g. to time two settings side by side",
+    )
     opts = parser.parse_args()
+    extra = settings_from(parser, "--server-env", opts.server_env)
 
     tmp = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
     db = ScratchDatabase(opts.database_url or None, tmp)
     proc: subprocess.Popen[bytes] | None = None
     try:
-        env = server_env(db.url, tmp)
+        env = {**server_env(db.url, tmp), **extra}
         os.environ.update(env)
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
                        cwd=ROOT, env=env, check=True)  # fmt: skip

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connection, connections
 from django.db.models import Model, QuerySet
 
@@ -69,40 +70,26 @@ def _rows(cursor: Any) -> list[tuple[Any, ...]]:
     return cursor.fetchall() if cursor.description else []
 
 
-def fetch_in_order(
-    statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False
-) -> list[list[tuple[Any, ...]]]:
+def fetch_in_order(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
     """Run several statements one after another; the rows of each (none for a write without
     RETURNING).
 
-    On PostgreSQL they travel in one round trip (a libpq pipeline): the server still runs them
-    in order, each on a snapshot taken when it starts, so a row lock taken by one statement is
+    On PostgreSQL they travel in one round trip (a pipeline): the server still runs them in
+    order, each on a snapshot taken when it starts, so a row lock taken by one statement is
     held, and what committed before it was granted is seen, by the next. An error in any of them
     is raised once all were answered, as Django's exception (`IntegrityError`, ...). On other
     databases (and a libpq without pipelines) they run as separate queries.
 
-    `commit`: these are the last statements of the outermost `atomic` block, and its COMMIT
-    goes in the same round trip (PostgreSQL only; Django's own commit at the block's end then
-    finds the transaction done). Inside a nested block (a savepoint) the commit is left to the
-    outer block, as always. Nothing may run in the block after them.
-
-    Unless Django logs queries (DEBUG, the tests' query counters), the statements skip
-    Django's cursor wrapper, which costs more CPU than the statement's round trip on this path:
-    inside an atomic block they go straight to libpq's pipeline (`_libpq_pipeline`, below),
-    otherwise through psycopg's own cursors.
+    `TESSERA["DB_LIBPQ_PIPELINE"]` picks, inside an atomic block, libpq's pipeline driven from
+    its C calls (`_libpq_pipeline`, below) over psycopg's own pipeline through Django's cursors.
     """
     if connection.vendor != "postgresql" or not _pipelines_supported():
         return [fetch(sql, params) for sql, params in statements]
     connection.ensure_connection()
     conn = connection.connection
-    early_commit = (
-        commit
-        and len(connection.atomic_blocks) == 1
-        and not connection.savepoint_ids
-        and not connection.needs_rollback
-    )
     if (
-        connection.in_atomic_block
+        settings.TESSERA.get("DB_LIBPQ_PIPELINE", True)
+        and connection.in_atomic_block
         and not connection.queries_logged
         and conn.prepare_threshold is not None
         and hasattr(conn, "_deallocate")  # see _prepared_names
@@ -113,19 +100,14 @@ def fetch_in_order(
                 return _libpq_pipeline(
                     conn,
                     [(q, params) for q, (_, params) in zip(queries, statements, strict=True)],
-                    early_commit,
+                    False,
                 )
-    cursors = []
+    cursors = [connection.cursor() for _ in statements]
     try:
-        with connection.wrap_database_errors:
-            with conn.pipeline():
-                for sql, params in statements:
-                    cursor = connection.cursor() if connection.queries_logged else conn.cursor()
-                    cursors.append(cursor)
-                    cursor.execute(sql, params)
-                if early_commit:
-                    conn.commit()
-            return [_rows(cursor) for cursor in cursors]
+        with connection.wrap_database_errors, conn.pipeline():
+            for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                cursor.execute(sql, params)
+        return [_rows(cursor) for cursor in cursors]
     finally:
         for cursor in cursors:
             cursor.close()

@@ -164,6 +164,9 @@ def free_port(taken: set[int]) -> int:
 
 def ensure_port_free(component: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the servers bind: the connections of a component just stopped, left in TIME_WAIT,
+        # do not keep the port from being listened on again.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
@@ -813,7 +816,13 @@ class Cluster:
             f"GET {self.webhook_url}/readyz",
         )
 
-    def _start_extender(self) -> None:
+    def restart_extender(self, env: dict[str, str]) -> None:
+        """Run the extender sidecar again with these settings over the control plane's (a bench
+        compares two settings of it on one cluster)."""
+        self.stop_component("extender")
+        self._start_extender(env)
+
+    def _start_extender(self, env: dict[str, str] | None = None) -> None:
         """The scheduler's extender sidecar, with the command the deployment gives it."""
         chart = self.options.chart
         if chart is not None:
@@ -829,7 +838,12 @@ class Cluster:
         argv = sidecar_argv(command, self.ports["extender"], source)
         if self.options.access_log and Path(command[0]).name == "granian":
             argv.insert(-1, "--access-log")
-        self._spawn("extender", argv, port_names=("extender",), env=self._controlplane_env())
+        self._spawn(
+            "extender",
+            argv,
+            port_names=("extender",),
+            env={**self._controlplane_env(), **(env or {})},
+        )
         self._wait_ready(
             "extender",
             lambda: _http_ok(f"{self.extender_url}/readyz", None, lambda b: b'"ok"' in b),

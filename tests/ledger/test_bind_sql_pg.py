@@ -135,26 +135,12 @@ def _insert(uid: str) -> tuple[str, tuple[str, ...]]:
             "now())", (uid, uid))  # fmt: skip
 
 
-def test_the_last_statements_of_the_outermost_block_carry_its_commit() -> None:
-    with transaction.atomic():
-        rawsql.fetch_in_order([_insert("early")], commit=True)
-        assert _seen_elsewhere("early")  # committed before the block ends
-    with transaction.atomic(), transaction.atomic():  # nested: the outer block commits
-        rawsql.fetch_in_order([_insert("nested")], commit=True)
-        assert not _seen_elsewhere("nested")
-    assert _seen_elsewhere("nested")
-    with transaction.atomic():
-        rawsql.fetch_in_order([_insert("plain")])
-        assert not _seen_elsewhere("plain")
-    assert rawsql.fetch("SELECT 2", ()) == [(2,)]
-
-
-def test_a_failed_statement_before_the_commit_commits_nothing() -> None:
+def test_a_failed_statement_in_the_pipeline_commits_nothing() -> None:
     from django.db import IntegrityError
 
     rawsql.fetch_in_order([_insert("twin")])
     with pytest.raises(IntegrityError), transaction.atomic():
-        rawsql.fetch_in_order([_insert("other"), _insert("twin")], commit=True)
+        rawsql.fetch_in_order([_insert("other"), _insert("twin")])
     assert not _seen_elsewhere("other")
     assert rawsql.fetch("SELECT 2", ()) == [(2,)]
 
