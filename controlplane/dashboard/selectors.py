@@ -369,12 +369,7 @@ CARD_FIELDS = (
     "node__name",
 )
 SLICE_VIEW_FIELDS = (
-    "binding_id",
-    "card_id",
-    "container_index",
-    "init_container",
-    "memory_mib",
-    "compute_percent",
+    *ledger_usage.SLICE_ROW,
     "binding__namespace",
     "binding__name",
     "binding__pod_uid",

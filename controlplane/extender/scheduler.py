@@ -19,7 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from controlplane.extender import why
+from controlplane.extender import summary as filter_summary
 from controlplane.extender.decisions import record as record_decision
 from controlplane.extender.decisions import record_bind as record_bind_outcome
 from controlplane.extender.decisions import record_bound
@@ -199,11 +199,11 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
             if node is not None and node.view.n:
                 free = max(node.view.max_fmem, 0)
                 largest_free = free if largest_free is None else max(largest_free, free)
-    summary = why.filter_summary(
+    summary = filter_summary.sentence(
         len(names),
         len(feasible),
         counts,
-        need=why.memory_need(request),
+        need=filter_summary.memory_need(request),
         largest_free_mib=largest_free,
     )
     reasons = {**answer.failed, **answer.unresolvable}

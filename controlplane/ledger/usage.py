@@ -35,14 +35,10 @@ from controlplane.scheduling import (
 )
 
 EMPTY_CARD = CardClaim(0, 0, 0, False)
-_ROW = (
-    "binding_id",
-    "card_id",
-    "container_index",
-    "init_container",
-    "memory_mib",
-    "compute_percent",
-)  # fmt: skip: `LedgerSlice`
+# The columns of a slice row as the core folds them (`LedgerSlice`).
+SLICE_ROW = (
+    "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent"
+)  # fmt: skip
 _EXCLUSIVE = Max(Case(When(compute_percent__gte=100, then=Value(1)), default=Value(0)))
 
 
@@ -110,7 +106,9 @@ def _init_corrections(
     (few: init containers are short)."""
     with_init = slices.filter(active=True, init_container=True).values("binding_id")
     rows = list(
-        slices.filter(active=True, binding_id__in=with_init).order_by().values_list(*_ROW, *extra)
+        slices.filter(active=True, binding_id__in=with_init)
+        .order_by()
+        .values_list(*SLICE_ROW, *extra)
     )
     extra_of = {r[0]: tuple(r[6:]) for r in rows}
     plain: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])

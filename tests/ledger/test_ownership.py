@@ -168,7 +168,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 # Public functions that write nothing themselves.
-NOT_WRITERS = {"confirmations.retry_delay"}
+NOT_WRITERS = {"confirmations.retry_delay", "nodes.lock_card"}
 
 
 def public_functions() -> set[str]:

@@ -11,6 +11,7 @@ from django.db import transaction
 from controlplane.ledger.errors import NotFound, ServiceError
 from controlplane.ledger.models import Card, Node
 from controlplane.ledger.services.audit import record_event
+from controlplane.ledger.services.nodes import lock_card
 from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 
@@ -33,11 +34,7 @@ def set_node_cordon(name: str, cordoned: bool, actor: str, reason: str = "") -> 
 @transaction.atomic(durable=True)
 def set_card_cordon(uuid: str, cordoned: bool, actor: str, reason: str = "") -> Card:
     """Cordon or uncordon one card; locks the card's node first."""
-    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
-    if card is None:
-        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
-    Node.objects.select_for_update().filter(pk=card.node_id).first()
-    card = Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
+    card = lock_card(uuid)
     if card.cordoned != cordoned:
         card.cordoned = cordoned
         card.save(update_fields=["cordoned"])

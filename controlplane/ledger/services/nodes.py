@@ -164,6 +164,15 @@ def mark_deleted_nodes(cluster_nodes: set[str], actor: str) -> int:
     return len(gone)
 
 
+def lock_card(uuid: str) -> Card:
+    """The card's row, locked after its node's (the lock order), with its node; NotFound."""
+    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
+    if card is None:
+        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
+    Node.objects.select_for_update().filter(pk=card.node_id).first()
+    return Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
+
+
 @transaction.atomic(durable=True)
 def set_card_slots(uuid: str, slots: int, actor: str) -> Card:
     """How many slices the card may hold at once. Audited when it changes; taking slots away
@@ -171,11 +180,7 @@ def set_card_slots(uuid: str, slots: int, actor: str) -> Card:
     Locks the card's node first, as bind does."""
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
         raise ServiceError(f"slots: give a whole number from 1 to {MAX_SLOTS}", field="slots")
-    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
-    if card is None:
-        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
-    Node.objects.select_for_update().filter(pk=card.node_id).first()
-    card = Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
+    card = lock_card(uuid)
     if card.slots != slots:
         before, card.slots = card.slots, slots
         card.save(update_fields=["slots"])

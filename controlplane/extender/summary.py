@@ -1,4 +1,5 @@
-"""Plain-words answers to "why is my pod pending?" from a filter outcome (no I/O here)."""
+"""The sentence filter records for a pod: how many nodes can hold it and why the others cannot,
+in plain words (no I/O here). Where a pod stands overall is `controlplane.ledger.why`."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _count(n: int, code: str) -> str:
     return f"{n} node {one}" if n == 1 else f"{n} nodes {many}"
 
 
-def filter_summary(
+def sentence(
     considered: int,
     feasible: int,
     counts: Mapping[str, int],
