@@ -376,7 +376,16 @@ static bool watched(int dev)
            (limited(dev) || (tessera_core_mask & (1u << (unsigned)dev)) != 0);
 }
 
+static void ctx_probe_before(int dev, bool primary, struct ctx_probe *p);
+
 static void ctx_before(int dev, bool primary, struct ctx_probe *p)
+{
+    int saved = errno;
+    ctx_probe_before(dev, primary, p);
+    errno = saved;
+}
+
+static void ctx_probe_before(int dev, bool primary, struct ctx_probe *p)
 {
     p->skip = !watched(dev);
     p->have_used = false;

@@ -30,7 +30,8 @@ struct fake_proc {
     uint32_t pid;
     uint32_t ctx_mask;                  /* bit p: the process has a context on card p */
     uint64_t used[FAKE_MAX_DEVICES];    /* bytes, by physical card */
-    uint64_t launches[FAKE_MAX_DEVICES];/* kernels this process launched, by physical card */
+    uint64_t launches[FAKE_MAX_DEVICES];/* kernels this process launched, by physical card (with a
+                                           shared state only: alone, the card's count is its own) */
 };
 
 struct fake_gpu_state {

@@ -851,7 +851,8 @@ static CUresult launch(void)
         enqueue_kernel(p);
     __atomic_add_fetch(&stats.launches, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&state->launches[p], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&self_entry()->launches[p], 1, __ATOMIC_RELAXED);
+    if (shared_state) /* one process alone: its launches are the card's */
+        __atomic_add_fetch(&self_entry()->launches[p], 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,

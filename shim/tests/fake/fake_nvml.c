@@ -296,7 +296,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
             found++;
             continue;
         }
-        uint64_t c = __atomic_load_n(&pr->launches[p], __ATOMIC_RELAXED);
+        /* Without a shared card state the one process's launches are the card's. */
+        uint64_t c = __atomic_load_n(file_state ? &pr->launches[p] : &st->launches[p], __ATOMIC_RELAXED);
         if (seen[p][i].pid != pr->pid) {
             seen[p][i].pid = pr->pid;
             seen[p][i].launches = c;
