@@ -10,7 +10,9 @@ Roles:
   report  API                 the slice as the process sees it
   fill    API BLOCK_MIB CAP_MIB  allocate BLOCK_MIB at a time until out of memory (or CAP_MIB)
   hold    MIB                 allocate MIB through the driver API, then hold it
-  alloc   MIB                 one allocation through the driver API: admitted or refused
+  alloc   SIZE                one allocation through the driver API: admitted or refused; SIZE
+                              is MiB, or free+MIB / free-MIB / free/2 (of what this process sees
+                              free, its own context already charged)
   matmul  SECONDS             matrix products through PyTorch: products per second
   launch  SECONDS             kernel launches through the driver API (the fake card): per second
   train   ROUNDS STEPS        a small transformer's training steps through PyTorch: seconds per step
@@ -245,10 +247,22 @@ def role_hold(mib: int) -> None:
     finish(ok=code == CUDA_SUCCESS)
 
 
-def role_alloc(mib: int) -> None:
+def alloc_size(spec: str, free: int) -> int:
+    """Bytes for an alloc SIZE: MiB, or relative to what is free."""
+    if spec == "free/2":
+        return free // 2
+    if spec.startswith(("free+", "free-")):
+        delta = int(spec[5:]) * MiB
+        return free + delta if spec[4] == "+" else max(free - delta, MiB)
+    return int(spec) * MiB
+
+
+def role_alloc(spec: str) -> None:
     drv = Driver()
-    code, _ = drv.alloc(mib * MiB)
-    finish(ok=code == CUDA_SUCCESS, code=code)
+    free, _ = drv.mem_info()
+    size = alloc_size(spec, free)
+    code, _ = drv.alloc(size)
+    finish(ok=code == CUDA_SUCCESS, code=code, free_before=free, asked=size)
 
 
 def timed_rate(step: Callable[[], int], seconds: float, warmup: float) -> float:
@@ -331,7 +345,7 @@ def main(argv: list[str]) -> int:
         "report": lambda api: role_report(api),
         "fill": lambda api, block, cap: role_fill(api, int(block), int(cap)),
         "hold": lambda mib: role_hold(int(mib)),
-        "alloc": lambda mib: role_alloc(int(mib)),
+        "alloc": lambda spec: role_alloc(spec),
         "matmul": lambda seconds: role_matmul(float(seconds)),
         "launch": lambda seconds: role_launch(float(seconds)),
         "train": lambda rounds, steps: role_train(int(rounds), int(steps)),
