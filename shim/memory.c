@@ -353,7 +353,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         return realfn(__VA_ARGS__);                                       \
     uint64_t need = bytesize;                                             \
     int pi = tessera_pool_need(dev, (pool), bytesize, &need);             \
-    if (!reserve(dev, need))                                              \
+    if (need != 0 && !reserve(dev, need)) /* from the cache: costs nothing */ \
         return CUDA_ERROR_OUT_OF_MEMORY;                                  \
     if (pi >= 0)                                                          \
         tessera_pool_admitted(pi, bytesize, need);                        \
