@@ -124,6 +124,7 @@ t "module and library loads charged, unloads given back" shim FAKE_CUDA_MODULE_M
 t "memory the driver takes unannounced is found before the slice overflows" \
     shim FAKE_CUDA_HIDDEN_MIB=200 "$B/t_driver" hidden
 t "graph memory charged per new graph, given back by a trim" shim FAKE_CUDA_GRAPH_MIB=256 "$B/t_driver" graph
+t "over the limit, a pool still serves its cache" shim FAKE_CUDA_HIDDEN_MIB=400 "$B/t_driver" cache_over
 
 echo "== cards matched by identity: CUDA's order is not NVML's"
 UUID0=GPU-7e55e2a0-0000-4000-8000-000000000000

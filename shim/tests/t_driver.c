@@ -16,6 +16,8 @@
  *             no call reports, is found through NVML before it lets the slice overflow
  *   graph     FAKE_CUDA_GRAPH_MIB=256: graph memory is charged at each new graph's first
  *             launch, not again for the same graph, and given back by a trim
+ *   cache_over  FAKE_CUDA_HIDDEN_MIB=400: a container the driver's own memory pushed over its
+ *             limit is still given what its pool serves from cache (it costs nothing more)
  */
 #include "tcommon.h"
 
@@ -140,11 +142,25 @@ static void case_graph(void)
     CHECK_CU(cuMemAlloc_v2(&p, 600 * MiB));
 }
 
+static void case_cache_over(void)
+{
+    primary();
+    CUdeviceptr p, q;
+    CHECK_CU(cuMemAllocAsync(&p, 700 * MiB, NULL));
+    CHECK_CU(cuMemFreeAsync(p, NULL)); /* the pool keeps the 700 MiB */
+    CHECK_CU(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); /* the driver takes 400 MiB */
+    usleep(30000);
+    EXPECT_USED(1024, "over the limit (the report never goes below 0 free)");
+    CHECK_CU(cuMemAllocAsync(&q, 400 * MiB, NULL));
+    EXPECT_REFUSED(cuMemAlloc_v2(&p, 1 * MiB)); /* anything new is refused */
+}
+
 int main(int argc, char **argv)
 {
     static const struct test_case cases[] = {
         {"context", case_context}, {"created", case_created}, {"exact", case_exact}, {"estimate", case_estimate},
         {"module", case_module},   {"hidden", case_hidden},   {"graph", case_graph},
+        {"cache_over", case_cache_over},
     };
     return run_case(argc, argv, cases, sizeof cases / sizeof cases[0], &limit);
 }
