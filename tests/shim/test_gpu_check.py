@@ -171,6 +171,28 @@ def test_the_shim_builds_with_headers_from_elsewhere_without_fetching(tmp_path: 
     assert missing.returncode != 0 and "not found (INC=" in missing.stderr
 
 
+def test_the_kit_builds_with_this_machines_headers_when_the_wheels_are_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU machine's path: no shim/.deps, headers under CUDA_HOME, no registry."""
+    subprocess.run(["make", "-s", "-C", str(SHIM), "headers"], check=True, timeout=300)
+    tree = tmp_path / "shim"
+    shutil.copytree(SHIM, tree, ignore=shutil.ignore_patterns(".deps", "build", "__pycache__"))
+    toolkit = tmp_path / "cuda" / "targets" / "x86_64-linux" / "include"
+    toolkit.mkdir(parents=True)
+    for h in ("cuda.h", "nvml.h"):
+        (toolkit / h).symlink_to(SHIM / ".deps" / "include" / h)
+    monkeypatch.setattr(kit, "SHIM_DIR", tree)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("PIP", "false")
+    opts = kit.parse_args(["--out", str(tmp_path / "out")])
+    result = kit.Kit(opts).build()
+    assert result.status == "PASS", result
+    assert "this machine's headers" in result.reason and str(toolkit) in result.reason
+    assert (tree / "build" / "gpu" / "libtessera.so").is_file()
+    assert not (tree / ".deps").exists()
+
+
 # ---- the whole kit on the fake driver ------------------------------------------------------
 
 DRIVER_CHECKS = [
