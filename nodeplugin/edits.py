@@ -97,16 +97,25 @@ def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
     return env
 
 
-def visible_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
+def visible_env(cards: Sequence[Card]) -> dict[str, str]:
     """Card UUIDs in ordinal order: CUDA numbers devices in this order, and the NVIDIA runtime
-    hook (where it is in play) injects exactly these cards instead of an image's ``all``."""
-    uuids = ",".join(d.card.uuid for d in devices)
-    return {"NVIDIA_VISIBLE_DEVICES": uuids, "CUDA_VISIBLE_DEVICES": uuids}
+    hook (where it is in play) injects exactly these cards instead of an image's ``all``.
+
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA's default order puts the fastest card first, NVML's
+    is always PCI order; with PCI order anything that numbers cards by index (a program that
+    overrides ``CUDA_VISIBLE_DEVICES`` with indices, a tool that takes NVML's index for CUDA's)
+    means the same card in both."""
+    uuids = ",".join(c.uuid for c in cards)
+    return {
+        "NVIDIA_VISIBLE_DEVICES": uuids,
+        "CUDA_VISIBLE_DEVICES": uuids,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
 
 
 def container_env(plan: ContainerPlan, layout: Layout) -> dict[str, str]:
     env = {
-        **visible_env(plan.devices),
+        **visible_env([d.card for d in plan.devices]),
         **limit_env(plan.devices),
         "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
         "TESSERA_ALLOCATION": plan.name,
@@ -219,12 +228,10 @@ def paths_allocate(
     ]
     if layout.preload:
         mounts.append(("/etc/ld.so.preload", str(layout.preload_file), True))
-    uuids = ",".join(c.uuid for c in ordered)
     envs = {
         "TESSERA_CONFIG": f"{layout.config_container_dir}/{CONFIG_FILE}",
         "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
-        "NVIDIA_VISIBLE_DEVICES": uuids,
-        "CUDA_VISIBLE_DEVICES": uuids,
+        **visible_env(ordered),
         "TESSERA_ALLOCATION": name,
     }
     return PathsResponse(envs, mounts, devices)

@@ -5,7 +5,9 @@
  * tessera_core_mask.  With one, each launch takes a token from the device's
  * limiter (limiter.c); a background thread, started on the first limited
  * launch, samples NVML utilisation every TESSERA_POLL_MS and adjusts the
- * refill rate.
+ * refill rate.  The sample is this process's own share of the card when NVML
+ * can name the process (per-process samples, drivermem.c learns the host pid),
+ * so other tenants' work does not count against it; else the whole card's.
  */
 #include "limiter.h"
 #include "shim.h"
@@ -13,6 +15,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <string.h>
 #include <time.h>
 
 #define TESSERA_POLL_MS 100
@@ -21,6 +24,8 @@ static struct tessera_limiter limiters[TESSERA_MAX_DEVICES];
 static pthread_mutex_t limiter_lock = PTHREAD_MUTEX_INITIALIZER;
 static int poller_started;
 static nvmlDevice_t nvml_devices[TESSERA_MAX_DEVICES];
+static unsigned long long last_sample_us[TESSERA_MAX_DEVICES];
+static bool per_process_unsupported;
 
 static uint64_t monotonic_ns(void *ctx)
 {
@@ -30,10 +35,51 @@ static uint64_t monotonic_ns(void *ctx)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+#define MAX_SAMPLES 128
+
+/* Mean SM utilisation of this process's samples newer than the last ones seen; -1 when there
+ * are none (a sample may lag the work: better no update than a wrong one). */
+static int own_utilisation(unsigned dev, uint32_t pid, double *percent)
+{
+    nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
+    unsigned n = MAX_SAMPLES;
+    nvmlReturn_t r = REAL(nvmlDeviceGetProcessUtilization)(nvml_devices[dev], s, &n, last_sample_us[dev]);
+    if (r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND) {
+        per_process_unsupported = true;
+        TLOG(TLOG_INFO, "NVML has no per-process utilisation here; the whole card's is used");
+        return 1;
+    }
+    if (r != NVML_SUCCESS)
+        return -1;
+    double sum = 0.0;
+    unsigned mine = 0;
+    unsigned long long newest = last_sample_us[dev];
+    for (unsigned i = 0; i < n && i < MAX_SAMPLES; i++) {
+        if (s[i].pid != pid || s[i].timeStamp <= last_sample_us[dev])
+            continue;
+        sum += (double)s[i].smUtil;
+        mine++;
+        if (s[i].timeStamp > newest)
+            newest = s[i].timeStamp;
+    }
+    last_sample_us[dev] = newest;
+    if (mine == 0)
+        return -1;
+    *percent = sum / mine;
+    return 0;
+}
+
 static int nvml_utilisation(void *ctx, double *percent)
 {
+    unsigned dev = (unsigned)(uintptr_t)ctx;
+    uint32_t pid = tessera_host_pid();
+    if (pid != 0 && !per_process_unsupported) {
+        int r = own_utilisation(dev, pid, percent);
+        if (r <= 0)
+            return r;
+    }
     nvmlUtilization_t u;
-    if (REAL(nvmlDeviceGetUtilizationRates)(nvml_devices[(uintptr_t)ctx], &u) != NVML_SUCCESS)
+    if (REAL(nvmlDeviceGetUtilizationRates)(nvml_devices[dev], &u) != NVML_SUCCESS)
         return -1;
     *percent = (double)u.gpu;
     return 0;
@@ -50,7 +96,7 @@ void tessera_compute_init(void)
 static void *poller_main(void *arg)
 {
     (void)arg;
-    if (REAL(nvmlInit_v2)() != NVML_SUCCESS) {
+    if (!tessera_nvml_ready()) {
         TLOG(TLOG_ERROR, "NVML cannot be initialised; compute limits cannot be measured and are NOT enforced");
         return NULL;
     }
@@ -58,10 +104,11 @@ static void *poller_main(void *arg)
     for (unsigned i = 0; i < TESSERA_MAX_DEVICES; i++) {
         if (!(tessera_core_mask & (1u << i)))
             continue;
-        if (REAL(nvmlDeviceGetHandleByIndex_v2)(i, &nvml_devices[i]) == NVML_SUCCESS)
+        /* The card itself, found by identity: NVML's index i may be another card. */
+        if ((nvml_devices[i] = tessera_devmap_nvml((int)i)) != NULL)
             mask |= 1u << i;
         else
-            TLOG(TLOG_ERROR, "NVML has no device %u; its compute limit is NOT enforced", i);
+            TLOG(TLOG_ERROR, "NVML has no device that is CUDA device %u; its compute limit is NOT enforced", i);
     }
     struct tessera_limiter_env env = {monotonic_ns, nvml_utilisation, NULL};
     for (;;) {
@@ -74,7 +121,7 @@ static void *poller_main(void *arg)
             env.ctx = (void *)(uintptr_t)i;
             double util;
             if (env.utilisation(env.ctx, &util) != 0)
-                continue;
+                continue; /* no sample: the window runs on until the next one */
             pthread_mutex_lock(&limiter_lock);
             tessera_limiter_update(&limiters[i], util, env.now_ns(NULL));
             pthread_mutex_unlock(&limiter_lock);
@@ -126,6 +173,7 @@ void tessera_compute_throttle(void)
 void tessera_compute_after_fork_child(void)
 {
     pthread_mutex_init(&limiter_lock, NULL);
+    memset(last_sample_us, 0, sizeof last_sample_us);
     __atomic_store_n(&poller_started, 0, __ATOMIC_RELEASE); /* the thread did not come along */
 }
 
@@ -187,14 +235,20 @@ CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridD
                                                 sharedMemBytes, hStream, kernelParams);
 }
 
+/* A graph's memory nodes take their memory at launch: drivermem.c counts it after. */
+#define GRAPH_LAUNCH_BODY(realfn)                                 \
+    THROTTLE();                                                   \
+    CUresult r = realfn(hGraphExec, hStream);                     \
+    if (TESSERA_UNLIKELY(tessera_mem_on) && r == CUDA_SUCCESS)    \
+        tessera_graph_launched(hGraphExec);                       \
+    return r
+
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    THROTTLE();
-    return REAL(cuGraphLaunch)(hGraphExec, hStream);
+    GRAPH_LAUNCH_BODY(REAL(cuGraphLaunch));
 }
 
 CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
-    THROTTLE();
-    return REAL(cuGraphLaunch_ptsz)(hGraphExec, hStream);
+    GRAPH_LAUNCH_BODY(REAL(cuGraphLaunch_ptsz));
 }

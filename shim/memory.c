@@ -24,6 +24,7 @@ struct alloc_entry {
     uint64_t size;
     uint32_t dev;
     uint32_t kind;
+    int32_t pool; /* drivermem.c's record of the pool it came from, -1: counted by itself */
 };
 
 /* A spinlock: the critical sections are a few loads and stores, and an uncontended
@@ -88,7 +89,7 @@ static int map_grow(void)
 }
 
 /* Returns -1 when memory for the map itself cannot be had. */
-static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev)
+static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev, int pool)
 {
     int saved = errno;
     int rc = 0;
@@ -107,9 +108,11 @@ static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev)
                 tomb = i;
         } else if (e->kind == kind && e->key == key) {
             /* The driver handed out a key we still track: it was freed behind our back. */
-            tessera_region_release((int)e->dev, e->size);
+            if (e->pool < 0)
+                tessera_region_release((int)e->dev, e->size);
             e->size = size;
             e->dev = (uint32_t)dev;
+            e->pool = pool;
             goto out;
         }
     }
@@ -117,7 +120,7 @@ static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev)
         i = tomb;
     else
         map_used++;
-    map_slots[i] = (struct alloc_entry){key, size, (uint32_t)dev, kind};
+    map_slots[i] = (struct alloc_entry){key, size, (uint32_t)dev, kind, pool};
     map_live++;
 out:
     map_lock_release();
@@ -173,37 +176,68 @@ int tessera_current_device(void)
     return (int)d;
 }
 
+/* Within an eighth of the limit the driver's own memory, which grows without a call saying
+ * so, decides what is left: look at it again, at most this often. */
+#define NEAR_LIMIT_REFRESH_NS 2000000u
+#define REPORT_REFRESH_NS 10000000u
+
+static bool reserve_slow(int dev, uint64_t bytes, uint64_t limit, bool admitted);
+
 /* Room for bytes on dev, or false (logged at info level) when the limit says no. */
 static inline bool reserve(int dev, uint64_t bytes)
 {
-    if (TESSERA_LIKELY(tessera_region_reserve(dev, bytes, tessera_mem_limit(dev))))
+    uint64_t limit = tessera_mem_limit(dev), total;
+    bool ok = tessera_region_reserve(dev, bytes, limit, &total);
+    if (TESSERA_LIKELY(ok && total <= limit - (limit >> 3)))
+        return true;
+    return reserve_slow(dev, bytes, limit, ok);
+}
+
+static bool reserve_slow(int dev, uint64_t bytes, uint64_t limit, bool admitted)
+{
+    uint64_t total;
+    if (admitted) {
+        if (!tessera_drivermem_refresh(dev, NEAR_LIMIT_REFRESH_NS, bytes) || tessera_region_used(dev) <= limit)
+            return true;
+        tessera_region_release(dev, bytes); /* the driver's own memory grew: there is no room after all */
+    }
+    /* A stale pool cache or estimate may be all that stands in the way. */
+    if (tessera_drivermem_refresh(dev, 0, 0) && tessera_region_reserve(dev, bytes, limit, &total))
         return true;
     TLOG(TLOG_INFO, "refused %llu bytes on device %d: limit %llu, in use %llu", (unsigned long long)bytes, dev,
-         (unsigned long long)tessera_mem_limit(dev), (unsigned long long)tessera_region_used(dev));
+         (unsigned long long)limit, (unsigned long long)tessera_region_used(dev));
     return false;
 }
 
-static inline void track(uint32_t kind, uint64_t key, uint64_t bytes, int dev)
+/* What freeing e gives back: its own count, or its share of the pool it came from. */
+static inline void give_back(const struct alloc_entry *e)
 {
-    if (map_put(kind, key, bytes, dev) != 0) {
+    if (TESSERA_LIKELY(e->pool < 0))
+        tessera_region_release((int)e->dev, e->size);
+    else
+        tessera_pool_freed(e->pool, e->size);
+}
+
+static inline void track_in(uint32_t kind, uint64_t key, uint64_t bytes, int dev, int pool)
+{
+    if (map_put(kind, key, bytes, dev, pool) != 0) {
         /* Cannot remember it, so cannot uncount it later: uncount now rather than leak the limit. */
-        tessera_region_release(dev, bytes);
+        struct alloc_entry e = {key, bytes, (uint32_t)dev, kind, pool};
+        give_back(&e);
         TLOG(TLOG_WARN, "out of host memory for bookkeeping; an allocation of %llu bytes is not counted",
              (unsigned long long)bytes);
     }
 }
 
-static inline void untrack(uint32_t kind, uint64_t key)
+static inline void track(uint32_t kind, uint64_t key, uint64_t bytes, int dev)
 {
-    struct alloc_entry e;
-    if (map_take(kind, key, &e))
-        tessera_region_release((int)e.dev, e.size);
+    track_in(kind, key, bytes, dev, -1);
 }
 
 /* Give an entry back to the map when the driver refused to free it. */
 static inline void retrack(const struct alloc_entry *e)
 {
-    (void)map_put(e->kind, e->key, e->size, (int)e->dev);
+    (void)map_put(e->kind, e->key, e->size, (int)e->dev, e->pool);
 }
 
 #define OFF_OR_UNLIMITED(dev) (!tessera_mem_on || tessera_mem_limit(dev) == 0)
@@ -295,7 +329,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     if (!had)
         return r;
     if (r == CUDA_SUCCESS)
-        tessera_region_release((int)e.dev, e.size);
+        give_back(&e);
     else
         retrack(&e);
     return r;
@@ -303,47 +337,60 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 
 /* --------------------------------------------------- stream-ordered (async) */
 
-/* Counted when asked for, uncounted when the free is enqueued. */
-#define ASYNC_ALLOC_BODY(realfn, ...)                                     \
+/*
+ * Stream-ordered allocations come from a pool, which keeps what is freed for reuse until
+ * a synchronisation or a trim.  The pool is charged as a whole (drivermem.c): an
+ * allocation the pool can serve from what it holds costs nothing more; one it cannot is
+ * refused when the growth would pass the limit.  Without a pool record (table full), the
+ * allocation is counted by itself, from the call until its free is enqueued.
+ */
+#define ASYNC_ALLOC_BODY(realfn, pool, ...)                               \
     tessera_ensure_init();                                                \
     if (TESSERA_LIKELY(!tessera_mem_on))                                  \
         return realfn(__VA_ARGS__);                                       \
     int dev = tessera_current_device();                                   \
     if (tessera_mem_limit(dev) == 0)                                      \
         return realfn(__VA_ARGS__);                                       \
-    if (!reserve(dev, bytesize))                                          \
+    uint64_t need = bytesize;                                             \
+    int pi = tessera_pool_need(dev, (pool), bytesize, &need);             \
+    if (need != 0 && !reserve(dev, need)) /* from the cache: costs nothing */ \
         return CUDA_ERROR_OUT_OF_MEMORY;                                  \
+    if (pi >= 0)                                                          \
+        tessera_pool_admitted(pi, bytesize, need);                        \
     CUresult r = realfn(__VA_ARGS__);                                     \
     if (r != CUDA_SUCCESS || dptr == NULL) {                              \
-        tessera_region_release(dev, bytesize);                            \
+        struct alloc_entry undo = {0, pi >= 0 ? bytesize : need, (uint32_t)dev, KIND_PTR, pi}; \
+        give_back(&undo);                                                 \
         return r;                                                         \
     }                                                                     \
-    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);                      \
+    track_in(KIND_PTR, (uint64_t)*dptr, bytesize, dev, pi);               \
+    if (pi >= 0)                                                          \
+        tessera_pool_settle(pi); /* the pool's growth may differ from the estimate */ \
     return r
 
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     __typeof__(&cuMemAllocAsync) real = REAL(cuMemAllocAsync);
-    ASYNC_ALLOC_BODY(real, dptr, bytesize, hStream);
+    ASYNC_ALLOC_BODY(real, NULL, dptr, bytesize, hStream);
 }
 
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     __typeof__(&cuMemAllocAsync_ptsz) real = REAL(cuMemAllocAsync_ptsz);
-    ASYNC_ALLOC_BODY(real, dptr, bytesize, hStream);
+    ASYNC_ALLOC_BODY(real, NULL, dptr, bytesize, hStream);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     __typeof__(&cuMemAllocFromPoolAsync) real = REAL(cuMemAllocFromPoolAsync);
-    ASYNC_ALLOC_BODY(real, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC_BODY(real, pool, dptr, bytesize, pool, hStream);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                               CUstream hStream)
 {
     __typeof__(&cuMemAllocFromPoolAsync_ptsz) real = REAL(cuMemAllocFromPoolAsync_ptsz);
-    ASYNC_ALLOC_BODY(real, dptr, bytesize, pool, hStream);
+    ASYNC_ALLOC_BODY(real, pool, dptr, bytesize, pool, hStream);
 }
 
 #define FREE_BODY(realfn, kind, key, ...)                                 \
@@ -354,7 +401,7 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
     CUresult r = realfn(__VA_ARGS__);                                     \
     if (had) {                                                            \
         if (r == CUDA_SUCCESS)                                            \
-            tessera_region_release((int)e.dev, e.size);                   \
+            give_back(&e);                                                \
         else                                                              \
             retrack(&e);                                                  \
     }                                                                     \
@@ -548,6 +595,8 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
         return r;
     uint64_t t, f;
     tessera_region_reap_if_due();
+    tessera_drivermem_sample(dev);
+    tessera_drivermem_refresh(dev, REPORT_REFRESH_NS, 0);
     clamp_report(limit, tessera_region_used(dev), *total, *free, &t, &f);
     *total = (size_t)t;
     *free = (size_t)f;
@@ -567,24 +616,17 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
-/* NVML index = device ordinal in the container (both list the container's cards in PCI order). */
-static int nvml_ordinal(nvmlDevice_t device)
-{
-    unsigned idx = 0;
-    if (REAL(nvmlDeviceGetIndex)(device, &idx) != NVML_SUCCESS)
-        return -1;
-    return (int)idx;
-}
-
 /* The slice as NVML should report it for `device` whose card holds `total` bytes: true and
  * t and f filled when the device is limited, false to leave the driver's answer alone. */
 static bool nvml_slice(nvmlDevice_t device, uint64_t total, uint64_t *t, uint64_t *f)
 {
-    int dev = nvml_ordinal(device);
+    int dev = tessera_devmap_ordinal(device); /* by the card's identity: NVML's order is not CUDA's */
     uint64_t limit = tessera_mem_limit(dev);
     if (dev < 0 || limit == 0)
         return false;
     tessera_region_reap_if_due();
+    tessera_drivermem_sample(dev);
+    tessera_drivermem_refresh(dev, REPORT_REFRESH_NS, 0);
     clamp_report(limit, tessera_region_used(dev), total, UINT64_MAX, t, f);
     return true;
 }

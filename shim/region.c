@@ -299,8 +299,9 @@ static uint64_t sum_used(unsigned dev)
     return total;
 }
 
-bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit)
+bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *total)
 {
+    *total = 0;
     if ((unsigned)dev >= TESSERA_MAX_DEVICES)
         return true;
     if (limit != 0 && bytes > limit)
@@ -309,12 +310,31 @@ bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit)
     if (TESSERA_UNLIKELY(slot == NULL) && (slot = claim_slot()) == NULL)
         return false;
     __atomic_add_fetch(&slot->used[dev], bytes, __ATOMIC_SEQ_CST);
-    if (limit == 0 || sum_used((unsigned)dev) <= limit)
+    if (limit == 0 || (*total = sum_used((unsigned)dev)) <= limit)
         return true;
-    if (tessera_region_reap() > 0 && sum_used((unsigned)dev) <= limit)
+    if (tessera_region_reap() > 0 && (*total = sum_used((unsigned)dev)) <= limit)
         return true;
     __atomic_sub_fetch(&slot->used[dev], bytes, __ATOMIC_SEQ_CST);
     return false;
+}
+
+/* Memory the card has already given (the driver's own, a pool's growth): counted, never refused. */
+void tessera_region_charge(int dev, uint64_t bytes)
+{
+    if ((unsigned)dev >= TESSERA_MAX_DEVICES || bytes == 0)
+        return;
+    struct tessera_region_proc *slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (TESSERA_UNLIKELY(slot == NULL) && (slot = claim_slot()) == NULL)
+        return;
+    __atomic_add_fetch(&slot->used[dev], bytes, __ATOMIC_SEQ_CST);
+}
+
+uint64_t tessera_region_own_used(int dev)
+{
+    struct tessera_region_proc *slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot == NULL || (unsigned)dev >= TESSERA_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&slot->used[dev], __ATOMIC_SEQ_CST);
 }
 
 void tessera_region_release(int dev, uint64_t bytes)

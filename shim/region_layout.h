@@ -47,7 +47,8 @@ struct tessera_region_proc {
     uint32_t pid;          /* owner pid in the container's pid namespace, 0 = free (atomic) */
     uint32_t reaper;       /* pid of a process reclaiming this slot, 0 = none (atomic) */
     uint64_t start_time;   /* owner start time, clock ticks since boot (/proc/<pid>/stat field 22) */
-    uint64_t used[TESSERA_MAX_DEVICES]; /* bytes counted on each device (atomic) */
+    uint64_t used[TESSERA_MAX_DEVICES]; /* bytes charged on each device: allocations, pools, graphs,
+                                           the driver's own memory (atomic) */
     uint8_t  _reserved[48];
 };
 

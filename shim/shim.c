@@ -463,6 +463,7 @@ static void atfork_child(void)
 {
     tessera_region_after_fork_child();
     tessera_memory_after_fork_child();
+    tessera_drivermem_after_fork_child();
     tessera_compute_after_fork_child();
 }
 
@@ -483,6 +484,7 @@ static void init_once(void)
         for (unsigned i = 0; i < TESSERA_MAX_DEVICES; i++)
             if (tessera_cfg.mem_limit[i] != 0 || tessera_cfg.core_limit[i] != 0)
                 tessera_region_publish_device((int)i, tessera_cfg.mem_limit[i], 0, tessera_cfg.core_limit[i]);
+        tessera_devmap_read_env(getenv("CUDA_VISIBLE_DEVICES"));
         tessera_compute_init();
         pthread_atfork(NULL, NULL, atfork_child);
     }
@@ -547,9 +549,11 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
 {
     tessera_ensure_init();
     CUresult r = REAL(cuInit)(Flags);
-    if (r == CUDA_SUCCESS && tessera_mem_on) {
+    if (r == CUDA_SUCCESS && (tessera_mem_on || tessera_core_mask != 0)) {
         int saved = errno;
-        pthread_once(&cards_control, check_cards);
+        tessera_devmap_cuda_ready();
+        if (tessera_mem_on)
+            pthread_once(&cards_control, check_cards);
         errno = saved;
     }
     return r;

@@ -81,8 +81,12 @@ static inline void tessera_ensure_init(void)
  * Returns 0 when the shared file is in use, -1 on fallback (message already logged). */
 int tessera_region_setup(const char *path);
 bool tessera_region_shared(void);
-bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit);
+/* Add bytes to this process's count on dev unless the container would pass limit; *total is
+ * then the container's usage including them (0 when limit is 0). */
+bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *total);
+void tessera_region_charge(int dev, uint64_t bytes);
 void tessera_region_release(int dev, uint64_t bytes);
+uint64_t tessera_region_own_used(int dev);
 uint64_t tessera_region_used(int dev);
 void tessera_region_publish_device(int dev, uint64_t limit, uint64_t card_total, uint32_t core_pct);
 int tessera_region_reap(void);
@@ -95,6 +99,30 @@ void tessera_memory_after_fork_child(void);
 /* Effective limit for dev (bytes), 0 = none.  Clamped to the card once known. */
 uint64_t tessera_mem_limit(int dev);
 int tessera_current_device(void);
+
+/* ---- which NVML device is which CUDA device (devmap.c) ---- */
+void tessera_devmap_read_env(const char *cuda_visible_devices);
+void tessera_devmap_cuda_ready(void);      /* after a successful cuInit */
+bool tessera_devmap_cuda_known(void);      /* CUDA's own identities are in use */
+bool tessera_nvml_ready(void);             /* nvmlInit, once */
+int tessera_devmap_ordinal(nvmlDevice_t device); /* CUDA ordinal, -1 for none */
+nvmlDevice_t tessera_devmap_nvml(int ordinal);   /* NULL when NVML has no such card */
+
+/* ---- the driver's own memory, pools and graphs (drivermem.c) ---- */
+void tessera_drivermem_sample(int dev);    /* pools and graph memory, now */
+/* Pools, graphs and NVML's per-process figure, unless done less than interval_ns ago (0: now);
+ * `pending`: bytes this thread reserved that the driver has not allocated yet.  True when it ran. */
+bool tessera_drivermem_refresh(int dev, uint64_t interval_ns, uint64_t pending);
+/* Stream-ordered allocations: the pool's record (-1: not tracked, count bytes plainly) and
+ * the growth *need the allocation may cost; then admitted (need reserved in the slot) or
+ * undone, settled after the driver answered, and freed. */
+int tessera_pool_need(int dev, CUmemoryPool pool, uint64_t bytes, uint64_t *need);
+void tessera_pool_admitted(int pool, uint64_t bytes, uint64_t need);
+void tessera_pool_settle(int pool);
+void tessera_pool_freed(int pool, uint64_t bytes);
+void tessera_graph_launched(CUgraphExec exec);
+uint32_t tessera_host_pid(void);           /* this process as NVML knows it, 0 = not known */
+void tessera_drivermem_after_fork_child(void);
 
 /* ---- compute (compute.c) ---- */
 void tessera_compute_throttle(void);

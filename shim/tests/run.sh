@@ -103,8 +103,48 @@ echo "== every allocation family"
 for c in pitch managed async pool vmm vmm_host array array3d mipmap errno unknown_free; do
     t "family: $c" shim "$B/t_families" "$c"
 done
+t "family: async, driver without pool attributes" shim FAKE_CUDA_NO_POOL_ATTRS=1 "$B/t_families" pool_noattr
 t "family: two devices, two limits" \
     shim FAKE_CUDA_DEVICES=2 TESSERA_DEVICE_MEMORY_LIMIT_1=256 "$B/t_families" multidev
+
+echo "== memory the card gives beyond allocations: contexts, modules, pools, graphs"
+CTX="FAKE_CUDA_CTX_MIB=300"
+t "context charged, refused past it, given back (NVML names the process)" shim $CTX "$B/t_driver" context
+t "context charged (NVML answers with host pids: a pid namespace)" \
+    shim $CTX FAKE_NVML_PID_OFFSET=100000 "$B/t_driver" context
+t "context charged (no per-process figures: measured across the creation)" \
+    shim $CTX FAKE_NVML_NO_PROCESSES=1 "$B/t_driver" context
+t "cuCtxCreate / cuCtxDestroy charged and given back" shim $CTX "$B/t_driver" created
+t "a noisy card-wide measure is corrected by NVML's per-process figure" \
+    shim $CTX FAKE_NVML_DRIFT_MIB=50 "$B/t_driver" exact
+t "the same through a pid namespace" shim $CTX FAKE_NVML_DRIFT_MIB=50 FAKE_NVML_PID_OFFSET=100000 "$B/t_driver" exact
+t "without per-process figures the estimate errs high, never low" \
+    shim $CTX FAKE_NVML_DRIFT_MIB=50 FAKE_NVML_NO_PROCESSES=1 "$B/t_driver" estimate
+t "module and library loads charged, unloads given back" shim FAKE_CUDA_MODULE_MIB=100 "$B/t_driver" module
+t "memory the driver takes unannounced is found before the slice overflows" \
+    shim FAKE_CUDA_HIDDEN_MIB=200 "$B/t_driver" hidden
+t "graph memory charged per new graph, given back by a trim" shim FAKE_CUDA_GRAPH_MIB=256 "$B/t_driver" graph
+t "over the limit, a pool still serves its cache" shim FAKE_CUDA_HIDDEN_MIB=400 "$B/t_driver" cache_over
+
+echo "== cards matched by identity: CUDA's order is not NVML's"
+UUID0=GPU-7e55e2a0-0000-4000-8000-000000000000
+UUID1=GPU-7e55e2a0-0000-4000-8000-000000000001
+SWAPPED="FAKE_CUDA_DEVICES=2 CUDA_VISIBLE_DEVICES=$UUID1,$UUID0 TESSERA_DEVICE_MEMORY_LIMIT_1=256"
+# CUDA ordinal 0 (1024 MiB) is NVML index 1; ordinal 1 (256 MiB) is NVML index 0.
+# shellcheck disable=SC2086
+t "NVML reports each card with its own limit (UUIDs from CUDA)" shim $SWAPPED "$B/t_devmap" cuda 256,1024
+# shellcheck disable=SC2086
+t "the same by PCI bus id when NVML has no UUIDs" shim $SWAPPED FAKE_NVML_NO_UUID=1 "$B/t_devmap" cuda 256,1024
+# shellcheck disable=SC2086
+t "the same in a process that never initialises CUDA (CUDA_VISIBLE_DEVICES)" \
+    shim $SWAPPED "$B/t_devmap" nvml 256,1024
+t "cards in PCI order: NVML index = ordinal" \
+    shim FAKE_CUDA_DEVICES=2 TESSERA_DEVICE_MEMORY_LIMIT_1=256 "$B/t_devmap" nvml 1024,256
+# shellcheck disable=SC2086
+t "pynvml sees each card with its own limit" shim $SWAPPED "$PY" "$PWD/tests/t_pynvml.py" 1024 0 1
+# shellcheck disable=SC2086
+t "the compute limit reads the utilisation of its own card" \
+    shim $SWAPPED FAKE_NVML_UTIL=model FAKE_KERNEL_US=1000 TESSERA_DEVICE_CORE_LIMIT_0=30 "$B/t_compute" 30 3
 
 echo "== processes of one container"
 share() {
@@ -168,6 +208,26 @@ t "launches held to 30% against fake NVML utilisation" \
     shim FAKE_NVML_UTIL=model FAKE_KERNEL_US=1000 TESSERA_DEVICE_CORE_LIMIT_0=30 "$B/t_compute" 30 3
 t "no compute limit: launches are not held" \
     shim FAKE_NVML_UTIL=model FAKE_KERNEL_US=1000 "$B/t_compute" 0 1
+two_tenants() {
+    # Two containers on one card (one card state, two regions), at 30 % and 60 %: each is held
+    # to its own share, measured by its own per-process samples, not the card's total.
+    env_common="FAKE_NVML_UTIL=model FAKE_KERNEL_US=1000 FAKE_GPU_STATE=$T/card.$n"
+    # shellcheck disable=SC2086
+    (exec_shim $env_common TESSERA_SHARED_REGION="$T/a.$n" TESSERA_DEVICE_CORE_LIMIT_0=30 \
+        "$B/t_compute" 30 4 ctx) >"$T/a.out" 2>&1 &
+    a=$!
+    # shellcheck disable=SC2086
+    (exec_shim $env_common TESSERA_SHARED_REGION="$T/b.$n" TESSERA_DEVICE_CORE_LIMIT_0=60 \
+        "$B/t_compute" 60 4 ctx) >"$T/b.out" 2>&1 &
+    b=$!
+    wait $a
+    ra=$?
+    wait $b
+    rb=$?
+    cat "$T/a.out" "$T/b.out"
+    [ $ra -eq 0 ] && [ $rb -eq 0 ]
+}
+t "two containers at 30 % and 60 % on one card each get their own share" two_tenants
 
 echo "== bad settings: a message at load, a safe behaviour, never a crash"
 bad_number() {

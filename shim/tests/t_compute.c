@@ -3,9 +3,12 @@
  * the fake NVML whose utilisation follows this process's launches
  * (FAKE_NVML_UTIL=model, each launch FAKE_KERNEL_US of GPU time).
  *
- *   t_compute TARGET SECONDS   launch flat out; over the last second the GPU
+ *   t_compute TARGET SECONDS [ctx]
+ *                              launch flat out; over the last second the GPU
  *                              time launched must be TARGET +- 6 % of the card
- *                              (TARGET 0: no limit, the card must be saturated)
+ *                              (TARGET 0: no limit, the card must be saturated).
+ *                              ctx: on the device's primary context, so the shim
+ *                              can learn the host pid and use per-process samples
  */
 #include "tcommon.h"
 
@@ -20,10 +23,15 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    CHECK(argc == 3, "usage: %s TARGET SECONDS", argv[0]);
+    CHECK(argc == 3 || (argc == 4 && strcmp(argv[3], "ctx") == 0), "usage: %s TARGET SECONDS [ctx]", argv[0]);
     double target = atof(argv[1]), seconds = atof(argv[2]);
     double kernel_us = (double)env_mib("FAKE_KERNEL_US", 100);
     CHECK_CU(cuInit(0));
+    if (argc == 4) {
+        CUcontext c;
+        CHECK_CU(cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK_CU(cuCtxSetCurrent(c));
+    }
     double start = now_s(), tail_from = start + seconds - 1.0;
     unsigned long long tail = 0;
     for (double t = start; t < start + seconds; t = now_s()) {

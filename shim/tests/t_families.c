@@ -3,8 +3,8 @@
  * without reaching the driver, and given back when freed.
  *
  *   t_families CASE     (linked with -lcuda, run with the shim preloaded)
- * CASE: pitch | managed | async | pool | vmm | vmm_host | array | array3d | mipmap |
- *       errno | multidev | unknown_free
+ * CASE: pitch | managed | async | pool | pool_noattr | vmm | vmm_host | array | array3d |
+ *       mipmap | errno | multidev | unknown_free
  * Environment: TESSERA_DEVICE_MEMORY_LIMIT_0=1024 (MiB) unless the case says otherwise.
  */
 #include "tcommon.h"
@@ -19,16 +19,6 @@ static size_t free_now(void)
     CHECK_CU(cuMemGetInfo_v2(&f, &t));
     return f;
 }
-
-/* Run `call`, expecting a refusal that never reached the driver. */
-#define EXPECT_REFUSED(call)                                                                    \
-    do {                                                                                        \
-        struct fake_cuda_stats s0_ = fake_stats();                                              \
-        CUresult r_ = (call);                                                                   \
-        struct fake_cuda_stats s1_ = fake_stats();                                              \
-        CHECK(r_ == CUDA_ERROR_OUT_OF_MEMORY, "%s returned %d, want out of memory", #call, (int)r_); \
-        CHECK(s1_.alloc_calls == s0_.alloc_calls, "%s reached the driver", #call);              \
-    } while (0)
 
 static void case_pitch(void)
 {
@@ -52,6 +42,7 @@ static void case_managed(void)
     CHECK(free_now() == limit, "not given back");
 }
 
+/* The device's pool keeps what is freed until a synchronisation gives it back (threshold 0). */
 static void case_async(void)
 {
     CUdeviceptr p, q;
@@ -59,17 +50,46 @@ static void case_async(void)
     CHECK(free_now() == limit - 700 * MiB, "async memory not counted");
     EXPECT_REFUSED(cuMemAllocAsync(&q, 400 * MiB, NULL));
     CHECK_CU(cuMemFreeAsync(p, NULL));
-    CHECK(free_now() == limit, "not given back");
+    CHECK(free_now() == limit - 700 * MiB, "the pool still holds 700 MiB but %llu MiB are counted",
+          (limit - free_now()) >> 20);
+    CHECK_CU(cuStreamSynchronize(NULL));
+    CHECK(free_now() == limit, "the pool gave its memory back but %llu MiB are still counted",
+          (limit - free_now()) >> 20);
     CHECK_CU(cuMemAllocAsync(&q, 1000 * MiB, NULL));
 }
 
+/* An allocation the pool serves from its cache costs nothing more; a trim gives the cache back. */
 static void case_pool(void)
 {
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool;
+    CHECK_CU(cuMemPoolCreate(&pool, &props));
     CUdeviceptr p, q;
-    CUmemoryPool pool = (CUmemoryPool)(uintptr_t)0x1;
     CHECK_CU(cuMemAllocFromPoolAsync(&p, 700 * MiB, pool, NULL));
     CHECK(free_now() == limit - 700 * MiB, "pool memory not counted");
     EXPECT_REFUSED(cuMemAllocFromPoolAsync(&q, 400 * MiB, pool, NULL));
+    CHECK_CU(cuMemFreeAsync(p, NULL));
+    CHECK(free_now() == limit - 700 * MiB, "the pool's cache is not counted");
+    CHECK_CU(cuMemAllocFromPoolAsync(&q, 400 * MiB, pool, NULL)); /* from the cache: 700 MiB in all still */
+    CHECK(free_now() == limit - 700 * MiB, "an allocation from the cache was counted again");
+    CHECK_CU(cuMemPoolTrimTo(pool, 0));
+    CHECK(free_now() == limit - 400 * MiB, "after the trim %llu MiB counted, want 400", (limit - free_now()) >> 20);
+    CHECK_CU(cuMemFreeAsync(q, NULL));
+    CHECK_CU(cuMemPoolDestroy(pool));
+    CHECK(free_now() == limit, "a destroyed pool is still counted");
+}
+
+/* A driver without pool attributes: each allocation is counted by itself, as asked for. */
+static void case_pool_noattr(void)
+{
+    CUdeviceptr p, q;
+    CHECK_CU(cuMemAllocAsync(&p, 700 * MiB, NULL));
+    CHECK(free_now() == limit - 700 * MiB, "async memory not counted");
+    EXPECT_REFUSED(cuMemAllocAsync(&q, 400 * MiB, NULL));
     CHECK_CU(cuMemFreeAsync(p, NULL));
     CHECK(free_now() == limit, "not given back");
 }
@@ -196,23 +216,12 @@ static void case_unknown_free(void)
 
 int main(int argc, char **argv)
 {
-    CHECK(argc == 2, "usage: %s CASE", argv[0]);
-    limit = env_mib("TESSERA_DEVICE_MEMORY_LIMIT_0", 0) * MiB;
-    CHECK(limit == 1024 * MiB, "run with TESSERA_DEVICE_MEMORY_LIMIT_0=1024");
-    CHECK_CU(cuInit(0));
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {
+    static const struct test_case cases[] = {
         {"pitch", case_pitch},   {"managed", case_managed},   {"async", case_async},
-        {"pool", case_pool},     {"vmm", case_vmm},           {"vmm_host", case_vmm_host},
+        {"pool", case_pool},     {"pool_noattr", case_pool_noattr}, {"vmm", case_vmm},
+        {"vmm_host", case_vmm_host},
         {"array", case_array},   {"array3d", case_array3d},   {"mipmap", case_mipmap},
         {"errno", case_errno},   {"multidev", case_multidev}, {"unknown_free", case_unknown_free},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (strcmp(argv[1], cases[i].name) == 0) {
-            cases[i].fn();
-            return 0;
-        }
-    CHECK(0, "unknown case %s", argv[1]);
+    return run_case(argc, argv, cases, sizeof cases / sizeof cases[0], &limit);
 }

@@ -1,6 +1,8 @@
 """Unmodified pynvml (the nvidia-ml-py package) sees the slice, not the card.
 
-usage: t_pynvml.py LIMIT_MIB USED_MIB   (shim preloaded, fake libnvidia-ml.so.1 on LD_LIBRARY_PATH)
+usage: t_pynvml.py LIMIT_MIB USED_MIB [NVML_INDEX]
+       (shim preloaded, fake libnvidia-ml.so.1 on LD_LIBRARY_PATH; the card at NVML_INDEX,
+       default 0, must show LIMIT_MIB and USED_MIB)
 """
 
 import sys
@@ -25,8 +27,9 @@ def fail(msg):
 
 def main():
     limit, used = int(sys.argv[1]) * MiB, int(sys.argv[2]) * MiB
+    index = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     m = pynvml.nvmlDeviceGetMemoryInfo(handle)
     if (m.total, m.used, m.free) != (limit, used, limit - used):
         fail(f"v1 total/used/free {m.total}/{m.used}/{m.free}, want {limit}/{used}/{limit - used}")

@@ -33,6 +33,16 @@ static inline unsigned long long env_mib(const char *name, unsigned long long df
     return (s && *s) ? strtoull(s, NULL, 10) : dflt;
 }
 
+/* Run `call`, expecting a refusal that never reached the driver. */
+#define EXPECT_REFUSED(call)                                                                    \
+    do {                                                                                        \
+        struct fake_cuda_stats s0_ = fake_stats();                                              \
+        CUresult r_ = (call);                                                                   \
+        struct fake_cuda_stats s1_ = fake_stats();                                              \
+        CHECK(r_ == CUDA_ERROR_OUT_OF_MEMORY, "%s returned %d, want out of memory", #call, (int)r_); \
+        CHECK(s1_.alloc_calls == s0_.alloc_calls, "%s reached the driver", #call);              \
+    } while (0)
+
 /* The fake driver's counters (looked up in libcuda.so.1 itself: dlopen'd copies are not global). */
 static inline struct fake_cuda_stats fake_stats(void)
 {
@@ -46,6 +56,27 @@ static inline struct fake_cuda_stats fake_stats(void)
     struct fake_cuda_stats s;
     fn(&s);
     return s;
+}
+
+/* main() of a program of cases run with a 1024 MiB limit: check the limit, cuInit, run the case named. */
+struct test_case {
+    const char *name;
+    void (*fn)(void);
+};
+
+static inline int run_case(int argc, char **argv, const struct test_case *cases, size_t n, unsigned long long *limit)
+{
+    CHECK(argc == 2, "usage: %s CASE", argv[0]);
+    *limit = env_mib("TESSERA_DEVICE_MEMORY_LIMIT_0", 0) * MiB;
+    CHECK(*limit == 1024 * MiB, "run with TESSERA_DEVICE_MEMORY_LIMIT_0=1024");
+    CHECK_CU(cuInit(0));
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[1], cases[i].name) == 0) {
+            cases[i].fn();
+            return 0;
+        }
+    CHECK(0, "unknown case %s", argv[1]);
+    return 1;
 }
 
 #endif

@@ -68,4 +68,5 @@ def expected_env(slices: list[Slice]) -> dict[str, str]:
         env[f"TESSERA_DEVICE_CORE_LIMIT_{i}"] = str(cores)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(u for u, _, _ in slices)
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env

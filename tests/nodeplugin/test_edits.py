@@ -37,6 +37,7 @@ def test_env_follows_the_allocation_order() -> None:
     assert env == {
         "CUDA_VISIBLE_DEVICES": "GPU-b,GPU-a",
         "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "TESSERA_DEVICE_MEMORY_LIMIT_0": "4000",
         "TESSERA_DEVICE_CORE_LIMIT_0": "30",
         "TESSERA_DEVICE_MEMORY_LIMIT_1": "2000",
@@ -64,6 +65,7 @@ def test_cdi_spec_gives_exactly_the_cards() -> None:
         "/var/run/tessera": "/run/tessera/regions/alloc-x",
     }
     assert "TESSERA_DEVICE_MEMORY_LIMIT_0=4000" in edits_["env"]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in edits_["env"]
     assert set(edits_) == {"env", "deviceNodes", "mounts"}  # nothing CDI would reject
     assert edits.cdi_file_name("tessera.io/gpu", "alloc-x") == "tessera.io_gpu-alloc-x.json"
 
@@ -81,6 +83,7 @@ def test_paths_mode_orders_by_index_and_permutes_limits() -> None:
         ("/dev/nvidia3", "/var/lib/tessera/paths/alloc-x/dev/nvidia3", "rw"),
     ]
     assert r.envs["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert r.envs["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert ("/etc/tessera", "/var/lib/tessera/paths/alloc-x/config", True) in r.mounts
     config = edits.paths_config(plan(), LAYOUT)
     assert "TESSERA_DEVICE_MEMORY_LIMIT_0=2000\n" in config  # GPU-a is ordinal 0 here
@@ -103,3 +106,14 @@ def test_inventory_report_is_exactly_the_design_shape() -> None:
         "health_reason": "XID 79",
     }
     assert cards[2]["numa_node"] is None
+
+
+@pytest.mark.parametrize("order", [["GPU-a", "GPU-b"], ["GPU-b", "GPU-a"], ["GPU-c"]])
+def test_every_gpu_container_numbers_cards_in_pci_order(order: list[str]) -> None:
+    """Both ways a container gets its environment ask CUDA for PCI order, the order NVML (and
+    the shim's NVML hooks) number cards in, whatever order the allocation lists them in."""
+    c = ContainerAllocation("app", 0, False, tuple(SliceDevice(u, 1000, 0) for u in order))
+    plan_ = edits.make_plan("alloc-y", c, CARDS)
+    assert edits.container_env(plan_, LAYOUT)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    paths = edits.paths_allocate("alloc-y", [CARDS[u] for u in order], LAYOUT, [])
+    assert paths.envs["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

@@ -515,6 +515,7 @@ def test_host_path_mode_without_cdi(short_tmp: Path) -> None:
             assert "TESSERA_DEVICE_CORE_LIMIT_1=25\n" in config
             assert resp.envs["TESSERA_CONFIG"] == "/etc/tessera/config"
             assert resp.envs["CUDA_VISIBLE_DEVICES"] == f"{u[0]},{u[2]}"
+            assert resp.envs["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
             # a refused pod gets no paths at all
             pod2, _ = bind_pod(plane, "legacy-2", [("app", False, [(u[1], 100, 0)])])
             plane.allocations.pop(("team-a", "legacy-2"))

@@ -1,0 +1,863 @@
+#!/usr/bin/env python3
+"""Tessera's proof kit: does a process stay inside its slice, as the card measures it?
+
+    make -C shim gpu-check OUT=/some/folder          (on a machine with an NVIDIA GPU)
+    python3 shim/gpucheck/kit.py --fake --out DIR    (anywhere: the same checks on the fake driver)
+
+Builds the shim (with the pinned wheels' headers when they are there, else the machine's own
+CUDA headers), then runs "containers" as processes with the shim preloaded and the
+environment a node plugin gives a container, and checks them from outside through the
+host's NVML.  Prints a table and writes ``results.json`` (and a log per process) to the
+folder.  Only the standard library is used; PyTorch and CuPy are used where installed and
+the checks that need them say SKIP, with the reason, where they are not.  Every process runs
+under a timeout and the whole kit under a time budget (default 280 s).
+
+Exit status: 0 when nothing failed, 1 when a check failed, 2 when the kit could not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import platform
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+SHIM_DIR = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().with_name("worker.py")
+
+# The shim's stated tolerance (shim/README.md, "What the card counts"): as NVML counts it, a
+# container stays within its limit plus this.
+TOLERANCE_MIB = 128
+BLOCK_MIB = 64  # allocation size of the fill checks
+COMPUTE_TARGET = 30  # percent: the single-container compute check
+COMPUTE_BAND = (0.20, 0.40)  # its throughput against the unlimited run
+SHARE_TARGETS = (30, 60)  # two containers on one card
+SHARE_RATIO_BAND = (1.5, 2.7)  # the 60 % container's throughput over the 30 % one's
+OVERHEAD_LIMIT = 0.01  # a training step may be at most 1 % slower with the shim
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+# ---- pure helpers (tests/shim/test_gpu_check.py) -------------------------------------------
+
+
+@dataclass
+class Result:
+    """One row of the table and one entry of results.json."""
+
+    name: str
+    status: str
+    measured: str = ""
+    expected: str = ""
+    reason: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def header_candidates(
+    env: Mapping[str, str], sys_path: Sequence[str], nvcc: str | None
+) -> list[Path]:
+    """Folders that may hold cuda.h / nvml.h on a machine with CUDA, in the order to try them:
+    the toolkit named by CUDA_HOME / CUDA_PATH, the one nvcc belongs to, the usual install
+    places, then the include folders of the nvidia-* Python packages PyTorch wheels bring."""
+    roots: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            roots.append(Path(env[var]))
+    if nvcc:
+        roots.append(Path(nvcc).resolve().parent.parent)
+    roots += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    dirs: list[Path] = []
+    for root in roots:
+        dirs += [root / "include", *sorted(root.glob("targets/*/include"))]
+    dirs.append(Path("/usr/include"))
+    for entry in sys_path:
+        if entry:
+            dirs += sorted(
+                Path(p) for p in glob.glob(os.path.join(entry, "nvidia", "*", "include"))
+            )
+    seen: set[Path] = set()
+    unique = []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            unique.append(d)
+    return unique
+
+
+def find_headers(candidates: Iterable[Path]) -> tuple[Path, Path]:
+    """The first cuda.h and the first nvml.h among the candidates (they may be apart)."""
+    cands = list(candidates)
+    cuda = next((d / "cuda.h" for d in cands if (d / "cuda.h").is_file()), None)
+    nvml = next((d / "nvml.h" for d in cands if (d / "nvml.h").is_file()), None)
+    if cuda is None or nvml is None:
+        missing = " and ".join(n for n, p in (("cuda.h", cuda), ("nvml.h", nvml)) if p is None)
+        raise FileNotFoundError(
+            f"{missing} not found; looked in {', '.join(map(str, cands))}. Set CUDA_HOME to a "
+            "CUDA toolkit, or put the shim's pinned wheels' headers in shim/.deps/include"
+        )
+    return cuda, nvml
+
+
+def fill_bounds(slice_mib: int, block_mib: int, tolerance_mib: int) -> tuple[int, int]:
+    """Where NVML's figure for a container may stand when it is refused its next block: the
+    refusal comes when the charge plus a block would pass the slice, and the charge is the
+    card's figure within the tolerance."""
+    return (slice_mib - block_mib - tolerance_mib) * MiB, (slice_mib + tolerance_mib) * MiB
+
+
+def within(value: float, lo: float, hi: float) -> bool:
+    return lo <= value <= hi
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of nothing")
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def parse_smi_csv(text: str) -> tuple[int, int]:
+    """``memory.total, memory.used`` from ``nvidia-smi --format=csv,noheader,nounits``, MiB."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) != 1:
+        raise ValueError(f"expected one line from nvidia-smi, got {len(lines)}: {text!r}")
+    parts = [p.strip() for p in lines[0].split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"expected 'total, used' in MiB from nvidia-smi, got {lines[0]!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def overhead_verdict(
+    step_s: Mapping[str, Sequence[float]], base: str, limit: float
+) -> tuple[bool, dict[str, float]]:
+    """Median seconds per step of every configuration, against the baseline's; ok when none is
+    more than `limit` slower."""
+    medians = {k: median(v) for k, v in step_s.items()}
+    slower = {k: medians[k] / medians[base] - 1.0 for k in medians if k != base}
+    return all(s <= limit for s in slower.values()), slower
+
+
+def format_table(results: Sequence[Result]) -> str:
+    cols = ("check", "status", "measured", "expected", "reason")
+    rows = [(r.name, r.status, r.measured, r.expected, r.reason) for r in results]
+    widths = [
+        max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
+    widths[-1] = len(cols[-1])  # the reason runs on
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    return "\n".join(out)
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / MiB:.0f} MiB"
+
+
+# ---- NVML, from outside the containers ----------------------------------------------------
+
+
+class NvmlProcess(ctypes.Structure):
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class NvmlMemory(ctypes.Structure):
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class HostNvml:
+    """The host's view of the card (no shim in this process): per-process memory, identity."""
+
+    def __init__(self, library: str) -> None:
+        self.ml = ctypes.CDLL(library)
+        if self.ml.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit_v2 failed")
+
+    def handle(self, index: int) -> ctypes.c_void_p:
+        h = ctypes.c_void_p()
+        if self.ml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(h)) != 0:
+            raise RuntimeError(f"NVML has no device {index}")
+        return h
+
+    def uuid(self, index: int) -> str:
+        buf = ctypes.create_string_buffer(96)
+        if self.ml.nvmlDeviceGetUUID(self.handle(index), buf, 96) != 0:
+            raise RuntimeError(f"no UUID for NVML device {index}")
+        return buf.value.decode()
+
+    def name(self, index: int) -> str:
+        buf = ctypes.create_string_buffer(96)
+        return (
+            buf.value.decode()
+            if self.ml.nvmlDeviceGetName(self.handle(index), buf, 96) == 0
+            else "?"
+        )
+
+    def total(self, index: int) -> int:
+        m = NvmlMemory()
+        if self.ml.nvmlDeviceGetMemoryInfo(self.handle(index), ctypes.byref(m)) != 0:
+            raise RuntimeError("nvmlDeviceGetMemoryInfo failed")
+        return int(m.total)
+
+    def processes(self, index: int) -> dict[int, int]:
+        """pid -> bytes NVML counts for it on the card."""
+        n = ctypes.c_uint(256)
+        procs = (NvmlProcess * 256)()
+        if (
+            self.ml.nvmlDeviceGetComputeRunningProcesses_v3(
+                self.handle(index), ctypes.byref(n), procs
+            )
+            != 0
+        ):
+            raise RuntimeError("nvmlDeviceGetComputeRunningProcesses_v3 failed")
+        return {int(p.pid): int(p.usedGpuMemory) for p in procs[: n.value]}
+
+    def used_by(self, index: int, pids: Iterable[int]) -> int:
+        procs = self.processes(index)
+        return sum(procs.get(pid, 0) for pid in pids)
+
+
+# ---- running container processes ----------------------------------------------------------
+
+
+class Worker:
+    """A running worker.py: its @@tessera lines arrive on a queue; stdout and stderr go to a log."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and worker.py
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.write(line)
+            if line.startswith("@@tessera "):
+                try:
+                    self.lines.put(json.loads(line[len("@@tessera ") :]))
+                except json.JSONDecodeError:
+                    self.log.write("(the line above is not JSON)\n")
+        self.lines.put(None)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def next(self, timeout: float) -> dict[str, Any]:
+        """The next message; a timeout or an exit without one is an error naming the log."""
+        try:
+            msg = self.lines.get(timeout=max(timeout, 0.1))
+        except queue.Empty:
+            self.kill()
+            raise TimeoutError(f"no answer within {timeout:.0f} s (log: {self.log.name})") from None
+        if msg is None:
+            self.proc.wait(timeout=5)
+            raise RuntimeError(
+                f"exited ({self.proc.returncode}) without an answer (log: {self.log.name})"
+            )
+        return msg
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        while True:
+            msg = self.next(timeout)
+            if "result" in msg:
+                res: dict[str, Any] = msg["result"]
+                return res
+
+    def release(self) -> None:
+        """Close stdin: a holding worker lets go and exits."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.release()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.reader.join(timeout=5)
+        self.log.close()
+
+
+class Skip(Exception):
+    """A check that cannot run here, with the reason."""
+
+
+class Kit:
+    def __init__(self, opts: argparse.Namespace) -> None:
+        self.opts = opts
+        self.out = Path(opts.out).resolve()
+        self.logs = self.out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="tessera-gpu-check."))
+        self.fake = bool(opts.fake)
+        self.deadline = time.monotonic() + opts.budget_s
+        self.results: list[Result] = []
+        self.workers: list[Worker] = []
+        self.nlog = 0
+        self.python = opts.python or sys.executable
+        self.lib = Path(opts.shim).resolve() if opts.shim else None
+        self.gpu = opts.gpu
+        self.uuid = ""
+        self.nvml: HostNvml | None = None
+        self.info: dict[str, Any] = {}
+        self.unlimited_rate: float | None = None
+        self.baseline: set[int] = set()  # pids on the card when the current check began
+
+    # -- set-up --
+
+    def build(self) -> Result:
+        """The shim (and in fake mode the fake driver), with the best headers this machine has."""
+        if self.lib is not None:
+            return Result("build", PASS, str(self.lib), reason="--shim given: not built")
+        deps = SHIM_DIR / ".deps" / "include"
+        make = ["make", "-s", "-C", str(SHIM_DIR)]
+        if self.fake or ((deps / "cuda.h").is_file() and (deps / "nvml.h").is_file()):
+            targets = ["build/libtessera.so"]
+            if self.fake:
+                targets += ["build/fake/libcuda.so.1", "build/fake/libnvidia-ml.so.1"]
+            self.lib = SHIM_DIR / "build" / "libtessera.so"
+            where = "the pinned wheels' headers (shim/.deps)"
+            cmd = [*make, *targets, f"PYTHON={self.python}"]
+        else:
+            cuda_h, nvml_h = find_headers(
+                header_candidates(os.environ, sys.path, shutil.which("nvcc"))
+            )
+            build = SHIM_DIR / "build" / "gpu"
+            inc = build / "include"
+            inc.mkdir(parents=True, exist_ok=True)
+            for h in (cuda_h, nvml_h):
+                link = inc / h.name
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(h)
+            self.lib = build / "libtessera.so"
+            where = f"this machine's headers ({cuda_h}, {nvml_h})"
+            cmd = [*make, f"B={build}", f"INC={inc}", str(self.lib)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)  # noqa: S603
+        (self.logs / "build.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            return Result(
+                "build", FAIL, reason=f"make failed (logs/build.log): {proc.stderr.strip()[-300:]}"
+            )
+        return Result("build", PASS, str(self.lib.relative_to(SHIM_DIR.parent)), reason=where)
+
+    def open_nvml(self) -> None:
+        if self.fake:
+            os.environ["FAKE_GPU_STATE"] = str(self.work / "card")
+            os.environ["FAKE_CUDA_MEM_MIB"] = str(self.opts.fake_card_mib)
+            self.nvml = HostNvml(str(SHIM_DIR / "build" / "fake" / "libnvidia-ml.so.1"))
+        else:
+            self.nvml = HostNvml("libnvidia-ml.so.1")
+        self.uuid = self.nvml.uuid(self.gpu)
+        busy = self.nvml.processes(self.gpu)
+        self.info = {
+            "card": self.nvml.name(self.gpu),
+            "uuid": self.uuid,
+            "card_mib": self.nvml.total(self.gpu) // MiB,
+            "other_processes_at_start": len(busy),
+            "python": sys.version.split()[0],
+            "machine": platform.node(),
+        }
+
+    # -- containers --
+
+    def container(
+        self,
+        name: str,
+        mem_mib: int | None = None,
+        core_pct: int | None = None,
+        preload: bool = True,
+    ) -> dict[str, str]:
+        """A container's environment, as the node plugin gives it (one card: ordinal 0)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "LD_PRELOAD"))}
+        region_dir = self.work / name
+        region_dir.mkdir(exist_ok=True)
+        env.update(
+            CUDA_VISIBLE_DEVICES=self.uuid,
+            NVIDIA_VISIBLE_DEVICES=self.uuid,
+            CUDA_DEVICE_ORDER="PCI_BUS_ID",
+            TESSERA_SHARED_REGION=str(region_dir / "region"),
+            TESSERA_LOG_LEVEL=self.opts.log_level,
+            PYTHONUNBUFFERED="1",
+        )
+        if preload and not self.opts.no_preload:
+            assert self.lib is not None
+            env["LD_PRELOAD"] = str(self.lib)
+        if mem_mib is not None:
+            env["TESSERA_DEVICE_MEMORY_LIMIT_0"] = str(mem_mib)
+        if core_pct is not None:
+            env["TESSERA_DEVICE_CORE_LIMIT_0"] = str(core_pct)
+        if self.fake:
+            fake = SHIM_DIR / "build" / "fake"
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                filter(None, [str(fake), env.get("LD_LIBRARY_PATH", "")])
+            )
+            env.update(
+                FAKE_GPU_STATE=os.environ["FAKE_GPU_STATE"],
+                FAKE_CUDA_MEM_MIB=str(self.opts.fake_card_mib),
+                FAKE_CUDA_CTX_MIB="300",  # what a context takes, as on a large card
+                FAKE_NVML_UTIL="model",
+                FAKE_KERNEL_US="1000",
+                FAKE_GPU_QUEUE="4",
+            )
+        return env
+
+    def start(self, env: dict[str, str], role: str, *args: object) -> Worker:
+        self.nlog += 1
+        log = self.logs / f"{self.nlog:02d}-{role}.log"
+        w = Worker([self.python, str(WORKER), role, *map(str, args)], env, log)
+        self.workers.append(w)
+        return w
+
+    def left(self, want: float) -> float:
+        """Seconds a step may take: `want`, or what remains of the budget (Skip when too little)."""
+        remaining = self.deadline - time.monotonic()
+        if remaining < min(want, 10.0):
+            raise Skip(f"the kit's time budget ({self.opts.budget_s:.0f} s) is spent")
+        return float(min(want, remaining))
+
+    def outcome(self, w: Worker, timeout: float) -> dict[str, Any]:
+        """The worker's result, once it has exited (so it holds nothing on the card any more)."""
+        res = w.result(self.left(timeout))
+        w.close()
+        if "missing" in res:
+            raise Skip(f"{res['missing']} is not installed for {self.python}")
+        if "error" in res:
+            raise RuntimeError(res["error"])
+        return res
+
+    def host_used(self, workers: Sequence[Worker]) -> int:
+        """What NVML counts for these workers.  Where the kit runs in a pid namespace NVML
+        answers with host pids the kit cannot know: then it is what every process that appeared
+        on the card since the check began uses (checks run one at a time)."""
+        assert self.nvml is not None
+        procs = self.nvml.processes(self.gpu)
+        pids = [w.pid for w in workers]
+        if any(p in procs for p in pids):
+            self.info["nvml_pids"] = "the kit's own"
+            return sum(procs.get(p, 0) for p in pids)
+        fresh = [used for pid, used in procs.items() if pid not in self.baseline]
+        if fresh:
+            self.info["nvml_pids"] = "host pids (a pid namespace): new processes counted"
+        return sum(fresh)
+
+    def needs_real(self, what: str) -> None:
+        if self.fake:
+            raise Skip(f"{what} needs a real GPU; the fake driver runs only the driver-API checks")
+
+    # -- checks --
+
+    def check_report(self, api: str) -> Result:
+        if api != "driver":
+            self.needs_real("PyTorch")
+        s = self.opts.slice_mib * MiB
+        res = self.outcome(
+            self.start(self.container(f"report-{api}", self.opts.slice_mib), "report", api), 120
+        )
+        ok = res["total"] == s and res["props_total"] == s and 0 <= res["free"] <= s
+        what = (
+            "torch.cuda.mem_get_info / device properties"
+            if api == "torch"
+            else "cuMemGetInfo / cuDeviceTotalMem"
+        )
+        return Result(
+            f"slice reported ({api})",
+            PASS if ok else FAIL,
+            f"total {mib(res['total'])}, properties {mib(res['props_total'])}, "
+            f"free {mib(res['free'])}",
+            f"{self.opts.slice_mib} MiB, free within it",
+            what,
+            res,
+        )
+
+    def check_fill(self, api: str) -> list[Result]:
+        """Allocate until refused: refused at the slice, and the card agrees (host NVML)."""
+        if api in ("torch", "cupy"):
+            self.needs_real("PyTorch" if api == "torch" else "CuPy")
+        cap = (
+            self.opts.slice_mib + 2048
+        )  # never fill a whole card when nothing holds the process back
+        w = self.start(
+            self.container(f"fill-{api}", self.opts.slice_mib), "fill", api, BLOCK_MIB, cap
+        )
+        while True:
+            msg = w.next(self.left(180))
+            if "result" in msg:
+                res = msg["result"]
+                if "missing" in res:
+                    raise Skip(f"{res['missing']} is not installed for {self.python}")
+                raise RuntimeError(res.get("error", "finished without holding"))
+            if msg.get("event") == "holding":
+                break
+        time.sleep(0.2)  # NVML's figure for the process, after its last allocation
+        used = self.host_used([w])
+        w.release()
+        w.result(self.left(60))
+        lo, hi = fill_bounds(self.opts.slice_mib, BLOCK_MIB, TOLERANCE_MIB)
+        oom_ok = bool(msg["oom"]) and within(used, lo, hi)
+        name = {"driver": "cuMemAlloc", "vmm": "cuMemCreate", "torch": "PyTorch", "cupy": "CuPy"}[
+            api
+        ]
+        data = {
+            "allocated": msg["allocated"],
+            "host_nvml_used": used,
+            "oom": msg["oom"],
+            "reported_free": msg["free"],
+            "reported_total": msg["total"],
+        }
+        refused = Result(
+            f"out of memory at the slice ({name})",
+            PASS if oom_ok else FAIL,
+            f"{'refused' if msg['oom'] else 'NOT refused'} after {mib(msg['allocated'])}; "
+            f"card: {mib(used)}",
+            f"refused; card {mib(lo)}..{mib(hi)}",
+            "" if msg["oom"] else f"still admitted at {mib(cap * MiB)}",
+            data,
+        )
+        host = Result(
+            f"host NVML within slice + tolerance ({name})",
+            PASS if used <= hi else FAIL,
+            mib(used),
+            f"<= {self.opts.slice_mib} + {TOLERANCE_MIB} MiB",
+            "the process as nvidia-smi on the host counts it",
+            data,
+        )
+        return [refused, host]
+
+    def check_nvidia_smi(self) -> Result:
+        fake_smi = SHIM_DIR / "tests" / "fake" / "nvidia-smi"
+        smi = self.opts.nvidia_smi or (str(fake_smi) if self.fake else shutil.which("nvidia-smi"))
+        if smi is None:
+            raise Skip("nvidia-smi is not on PATH")
+        env = self.container("smi", self.opts.slice_mib)
+        holder, msg = self.holding(env, 1024)
+        charged = msg["total"] - msg["free"]
+        argv = [
+            smi,
+            "--query-gpu=memory.total,memory.used",
+            "--format=csv,noheader,nounits",
+            f"--id={self.uuid}",
+        ]
+        proc = subprocess.run(  # noqa: S603 - the nvidia-smi on PATH or the one given
+            argv, env=env, capture_output=True, text=True, timeout=self.left(60), check=False
+        )
+        (self.logs / "nvidia-smi.log").write_text(proc.stdout + proc.stderr)
+        holder.close()
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"nvidia-smi failed ({proc.returncode}): {proc.stderr.strip()[-200:]}"
+            )
+        total, used = parse_smi_csv(proc.stdout)
+        ok = total == self.opts.slice_mib and abs(used - charged / MiB) <= 16
+        return Result(
+            "nvidia-smi inside reports the slice",
+            PASS if ok else FAIL,
+            f"total {total} MiB, used {used} MiB",
+            f"total {self.opts.slice_mib} MiB, used ~{charged / MiB:.0f} MiB",
+            "a process holding 1024 MiB",
+            {"total_mib": total, "used_mib": used, "holder_charged": charged},
+        )
+
+    def holding(self, env: dict[str, str], mib_: int) -> tuple[Worker, dict[str, Any]]:
+        """A process of the container that holds `mib_` MiB, and what it sees then."""
+        w = self.start(env, "hold", mib_)
+        msg = w.next(self.left(120))
+        if not msg.get("ok"):
+            raise RuntimeError(f"a process could not allocate {mib_} MiB: {msg}")
+        return w, msg
+
+    def check_two_processes(self) -> Result:
+        """Two processes of one container share its slice: the second sees what the first left
+        (its own context charged too), is refused more and admitted half of it."""
+        s = self.opts.slice_mib
+        env = self.container("shared", s)
+        holder, _ = self.holding(env, s * 6 // 10)
+        big = self.outcome(self.start(env, "alloc", f"free+{BLOCK_MIB}"), 120)
+        half = self.outcome(self.start(env, "alloc", "free/2"), 120)
+        holder.close()
+        left = big["free_before"]
+        ok = left <= s * MiB * 4 // 10 and not big["ok"] and half["ok"]
+        return Result(
+            "two processes share one slice",
+            PASS if ok else FAIL,
+            f"the second sees {mib(left)} free; more: {'admitted' if big['ok'] else 'refused'}, "
+            f"half of it: {'admitted' if half['ok'] else 'refused'}",
+            f"<= {s * 4 // 10} MiB free; refused; admitted",
+            "while the first holds 60 %",
+            {"more": big, "half": half},
+        )
+
+    def check_sigkill(self) -> Result:
+        s = self.opts.slice_mib
+        env = self.container("killed", s)
+        holder, _ = self.holding(env, s * 8 // 10)
+        before = self.outcome(self.start(env, "alloc", s * 8 // 10), 120)
+        holder.kill(signal.SIGKILL)
+        # The driver frees a dead process's memory soon, not at once.
+        gone, settle = self.host_used([holder]), time.monotonic() + 5.0
+        while gone and time.monotonic() < settle:
+            time.sleep(0.1)
+            gone = self.host_used([holder])
+        after = self.outcome(self.start(env, "alloc", f"free-{BLOCK_MIB}"), 120)
+        returned = after["free_before"] >= s * MiB * 7 // 10  # all but a new context's share
+        ok = not before["ok"] and after["ok"] and returned and gone == 0
+        return Result(
+            "a SIGKILLed holder's memory returns",
+            PASS if ok else FAIL,
+            f"80 % while held: {'admitted' if before['ok'] else 'refused'}; after SIGKILL "
+            f"{mib(after['free_before'])} free, {'admitted' if after['ok'] else 'refused'}; "
+            f"card after: {mib(gone)}",
+            f"refused; then >= {s * 7 // 10} MiB free, admitted; 0 MiB",
+            "",
+            {"before": before, "after": after, "card_after_kill": gone},
+        )
+
+    def compute_role(self) -> tuple[str, str]:
+        return ("launch", "kernels/s") if self.fake else ("matmul", "matmul/s")
+
+    def unlimited(self) -> float:
+        if self.unlimited_rate is None:
+            role, _ = self.compute_role()
+            res = self.outcome(
+                self.start(self.container("unlimited"), role, self.opts.compute_s), 120
+            )
+            self.unlimited_rate = float(res["rate"])
+        return self.unlimited_rate
+
+    def check_compute(self) -> Result:
+        role, unit = self.compute_role()
+        base = self.unlimited()
+        res = self.outcome(
+            self.start(
+                self.container("core30", core_pct=COMPUTE_TARGET), role, self.opts.compute_s
+            ),
+            120,
+        )
+        share = float(res["rate"]) / base
+        return Result(
+            f"{COMPUTE_TARGET} % compute limit",
+            PASS if within(share, *COMPUTE_BAND) else FAIL,
+            f"{share:.0%} of unlimited ({res['rate']:.1f} vs {base:.1f} {unit})",
+            f"{COMPUTE_BAND[0]:.0%}..{COMPUTE_BAND[1]:.0%}",
+            "PyTorch matmul loop" if role == "matmul" else "",
+            {"rate": res["rate"], "unlimited": base},
+        )
+
+    def check_share(self) -> Result:
+        role, unit = self.compute_role()
+        base = self.unlimited()
+        a_pct, b_pct = SHARE_TARGETS
+        a = self.start(self.container("share-a", core_pct=a_pct), role, self.opts.compute_s)
+        b = self.start(self.container("share-b", core_pct=b_pct), role, self.opts.compute_s)
+        ra, rb = float(self.outcome(a, 120)["rate"]), float(self.outcome(b, 120)["rate"])
+        ratio = rb / ra if ra > 0 else float("inf")
+        return Result(
+            f"two containers at {a_pct} % and {b_pct} % share one card",
+            PASS if within(ratio, *SHARE_RATIO_BAND) else FAIL,
+            f"{ra / base:.0%} and {rb / base:.0%} of unlimited (ratio {ratio:.2f})",
+            f"ratio {SHARE_RATIO_BAND[0]}..{SHARE_RATIO_BAND[1]}",
+            f"{unit}, at the same time",
+            {"a": ra, "b": rb, "unlimited": base},
+        )
+
+    def check_overhead(self) -> Result:
+        self.needs_real("the training loop (PyTorch)")
+        configs = {
+            "no shim": self.container("train-plain", preload=False),
+            "shim, no limit": self.container("train-shim"),
+            "shim, memory limit": self.container("train-mem", mem_mib=self.opts.train_slice_mib),
+        }
+        step_s: dict[str, list[float]] = {k: [] for k in configs}
+        for _ in range(
+            self.opts.overhead_rounds
+        ):  # side by side: each round runs every configuration
+            for name, env in configs.items():
+                res = self.outcome(self.start(env, "train", 3, 15), 180)
+                step_s[name] += res["step_s"]
+        ok, slower = overhead_verdict(step_s, "no shim", OVERHEAD_LIMIT)
+        base = median(step_s["no shim"])
+        return Result(
+            "overhead of a training loop",
+            PASS if ok else FAIL,
+            f"no shim {base * 1e3:.2f} ms/step; "
+            + ", ".join(f"{k} {v:+.2%}" for k, v in slower.items()),
+            f"<= +{OVERHEAD_LIMIT:.0%}",
+            "median of the rounds' median step, runs interleaved",
+            {"step_s": step_s, "slower": slower},
+        )
+
+    # -- running --
+
+    def checks(self) -> list[tuple[str, Callable[[], Result | list[Result]]]]:
+        return [
+            ("slice reported (driver)", lambda: self.check_report("driver")),
+            ("slice reported (torch)", lambda: self.check_report("torch")),
+            ("fill (driver)", lambda: self.check_fill("driver")),
+            ("fill (torch)", lambda: self.check_fill("torch")),
+            ("nvidia-smi inside reports the slice", self.check_nvidia_smi),
+            ("two processes share one slice", self.check_two_processes),
+            ("a SIGKILLed holder's memory returns", self.check_sigkill),
+            ("fill (vmm)", lambda: self.check_fill("vmm")),
+            ("fill (cupy)", lambda: self.check_fill("cupy")),
+            (f"{COMPUTE_TARGET} % compute limit", self.check_compute),
+            ("two containers share one card", self.check_share),
+            ("overhead of a training loop", self.check_overhead),  # the longest: last
+        ]
+
+    def record(self, results: Result | list[Result]) -> None:
+        for r in results if isinstance(results, list) else [results]:
+            self.results.append(r)
+            print(
+                f"{r.status:4}  {r.name}: {r.measured}{'  (' + r.reason + ')' if r.reason else ''}",
+                flush=True,
+            )
+        self.write()
+
+    def write(self) -> None:
+        body = {
+            "mode": "fake" if self.fake else "real",
+            "slice_mib": self.opts.slice_mib,
+            "tolerance_mib": TOLERANCE_MIB,
+            "info": self.info,
+            "elapsed_s": round(time.monotonic() - (self.deadline - self.opts.budget_s), 1),
+            "checks": [asdict(r) for r in self.results],
+        }
+        tmp = self.out / "results.json.tmp"
+        tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
+        tmp.replace(self.out / "results.json")
+
+    def run(self) -> int:
+        try:
+            built = self.build()
+        except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+            built = Result("build", FAIL, reason=str(exc))
+        self.record(built)
+        if built.status != PASS:
+            return 2
+        try:
+            self.open_nvml()
+        except (OSError, RuntimeError) as exc:
+            self.record(
+                Result(
+                    "NVML on the host",
+                    FAIL,
+                    reason=f"{exc}: no NVIDIA driver here? (--fake runs without one)",
+                )
+            )
+            return 2
+        only = {s.strip() for s in self.opts.only.split(",")} if self.opts.only else None
+        for name, check in self.checks():
+            if only is not None and not any(o in name for o in only):
+                continue
+            t0 = time.monotonic()
+            try:
+                assert self.nvml is not None
+                self.baseline = set(self.nvml.processes(self.gpu))
+                results = check()
+            except Skip as exc:
+                results = Result(name, SKIP, reason=str(exc))
+            except Exception as exc:  # one check's failure must not stop the others
+                results = Result(name, FAIL, reason=f"{type(exc).__name__}: {exc}")
+            finally:
+                for w in self.workers:
+                    w.close()
+                self.workers.clear()
+            for r in results if isinstance(results, list) else [results]:
+                r.seconds = round(time.monotonic() - t0, 1)
+            self.record(results)
+        self.write()
+        print()
+        print(format_table(self.results))
+        print(f"\nresults: {self.out / 'results.json'}  (logs in {self.logs})")
+        shutil.rmtree(self.work, ignore_errors=True)
+        return 1 if any(r.status == FAIL for r in self.results) else 0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--out",
+        default=str(SHIM_DIR / "build" / "gpu-check"),
+        help="folder for results.json and logs",
+    )
+    p.add_argument("--fake", action="store_true", help="run on the fake driver (no GPU needed)")
+    p.add_argument("--gpu", type=int, default=0, help="NVML index of the card to use (default 0)")
+    p.add_argument(
+        "--slice-mib", type=int, default=4096, help="the memory slice under test (default 4096)"
+    )
+    p.add_argument(
+        "--train-slice-mib", type=int, default=16384, help="memory limit of the overhead check"
+    )
+    p.add_argument(
+        "--compute-s", type=float, default=4.0, help="seconds each compute run is measured"
+    )
+    p.add_argument("--overhead-rounds", type=int, default=3, help="rounds of the overhead check")
+    p.add_argument("--budget-s", type=float, default=280.0, help="time budget for the whole kit")
+    p.add_argument(
+        "--only", default="", help="comma list: run only the checks whose names contain one"
+    )
+    p.add_argument("--shim", default="", help="use this libtessera.so instead of building one")
+    p.add_argument(
+        "--no-preload", action="store_true", help="run the containers without the shim (a control)"
+    )
+    p.add_argument(
+        "--nvidia-smi", default="", help="the nvidia-smi to run inside (default: from PATH)"
+    )
+    p.add_argument(
+        "--python", default="", help="interpreter for the container processes (default: this one)"
+    )
+    p.add_argument("--log-level", default="warn", help="TESSERA_LOG_LEVEL of the containers")
+    p.add_argument("--fake-card-mib", type=int, default=16384, help="size of the fake card")
+    opts = p.parse_args(argv)
+    if opts.slice_mib < 1024 or opts.slice_mib % BLOCK_MIB:
+        p.error(f"--slice-mib must be at least 1024 and a multiple of {BLOCK_MIB}")
+    if opts.budget_s <= 0 or opts.compute_s <= 0 or opts.overhead_rounds < 1:
+        p.error("--budget-s and --compute-s must be positive, --overhead-rounds at least 1")
+    return opts
+
+
+def main(argv: Sequence[str]) -> int:
+    return Kit(parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
