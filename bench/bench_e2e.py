@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_extender import ScratchDatabase, settings_from
 from e2e import objects
-from e2e.cluster import Cluster, HarnessError, Options, cache_dir
+from e2e.cluster import ROOT, Cluster, HarnessError, Options, cache_dir
 
 
 @dataclass
@@ -514,6 +514,14 @@ def main(argv: list[str] | None = None) -> int:
         "(c) in the mirrored order, to compare two settings side by side in one run",
     )
     parser.add_argument(
+        "--variant-checkout",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run (d): the extender sidecar from the code of another clone of the project "
+        "(e.g. the commit before a change), on the same cluster, database and settings",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", ""),
         help="a PostgreSQL server for the control plane (a scratch database is made on it and "
@@ -521,7 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     variant = settings_from(parser, "--variant", args.variant)
-    phases = set(args.only.split(",")) | ({"d"} if variant else set())
+    checkout = args.variant_checkout.resolve() if args.variant_checkout else None
+    if checkout is not None and not (checkout / "controlplane" / "wsgi.py").is_file():
+        parser.error(f"--variant-checkout {checkout}: no controlplane/wsgi.py there")
+    phases = set(args.only.split(",")) | ({"d"} if variant or checkout else set())
 
     scratch = ScratchDatabase(args.database_url or None, Path(tempfile.mkdtemp()))
     env = {"TESSERA_LOG_LEVEL": "WARNING"}
@@ -558,10 +569,12 @@ def main(argv: list[str] | None = None) -> int:
             ("b", "(b) + no-op extender", None, False),
             ("c", "(c) + Tessera extender", "tessera", webhook),
         ]
-        if variant:
-            settings = " ".join(f"{k}={v}" for k, v in variant.items())
-            plan.append(("d", f"(d) Tessera, {settings}", "tessera", webhook))
-        sidecar_env: dict[str, str] = {}
+        if variant or checkout:
+            what = [f"{k}={v}" for k, v in variant.items()] + (
+                [f"code of {checkout}"] * bool(checkout)
+            )
+            plan.append(("d", f"(d) Tessera, {' '.join(what)}", "tessera", webhook))
+        sidecar: tuple[dict[str, str], Path] = ({}, ROOT)
         schedule = [
             (r, *phase)
             for r in range(rounds)
@@ -574,10 +587,10 @@ def main(argv: list[str] | None = None) -> int:
                 noop = noop or cluster.start_noop_extender()
                 extender = noop
             if extender == "tessera":
-                wanted = variant if key == "d" else {}
-                if wanted != sidecar_env:
-                    cluster.restart_extender(wanted)
-                    sidecar_env = wanted
+                wanted = (variant, checkout or ROOT) if key == "d" else ({}, ROOT)
+                if wanted != sidecar:
+                    cluster.restart_extender(*wanted)
+                    sidecar = wanted
             labels[key] = label
             namespace = f"bench-{key}" if rounds == 1 else f"bench-{key}-{r + 1}"
             result = run_phase(

@@ -346,9 +346,6 @@ TESSERA = {
     "ALLOCATION_KEY": os.environ.get("TESSERA_ALLOCATION_KEY", ""),
     # Filter/prioritize read a per-process snapshot at most this old (0 = always re-read).
     "FILTER_SNAPSHOT_TTL_MS": env_int("TESSERA_FILTER_SNAPSHOT_TTL_MS", 250, low=0, high=5000),
-    # PostgreSQL: bind's statements on libpq's pipeline driven from its C calls (1) or on
-    # psycopg's own pipeline through Django's cursors (0).
-    "DB_LIBPQ_PIPELINE": env_bool("TESSERA_DB_LIBPQ_PIPELINE", True),
     # Write the decision log from a background thread, off the filter's hot path.
     "DECISION_LOG_ASYNC": env_bool("TESSERA_DECISION_LOG_ASYNC", True),
     # Confirm bound reservations from a background thread in batches, off bind's path (never

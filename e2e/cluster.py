@@ -501,6 +501,7 @@ class Cluster:
         *,
         port_names: tuple[str, ...],
         env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> subprocess.Popen[bytes]:
         for port_name in port_names:
             ensure_port_free(name, self.ports[port_name])
@@ -519,7 +520,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=full_env,
-                cwd=ROOT,
+                cwd=cwd,
                 start_new_session=True,  # its own process group: `down` stops all of it
             )
         self._procs[name] = proc
@@ -816,13 +817,14 @@ class Cluster:
             f"GET {self.webhook_url}/readyz",
         )
 
-    def restart_extender(self, env: dict[str, str]) -> None:
-        """Run the extender sidecar again with these settings over the control plane's (a bench
-        compares two settings of it on one cluster)."""
+    def restart_extender(self, env: dict[str, str], checkout: Path = ROOT) -> None:
+        """Run the extender sidecar again with these settings over the control plane's, and the
+        code of `checkout` (another clone of the project), so a bench can compare two settings
+        or two versions of it side by side on one cluster."""
         self.stop_component("extender")
-        self._start_extender(env)
+        self._start_extender(env, checkout)
 
-    def _start_extender(self, env: dict[str, str] | None = None) -> None:
+    def _start_extender(self, env: dict[str, str] | None = None, checkout: Path = ROOT) -> None:
         """The scheduler's extender sidecar, with the command the deployment gives it."""
         chart = self.options.chart
         if chart is not None:
