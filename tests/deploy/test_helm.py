@@ -650,3 +650,16 @@ def test_schema_refuses_a_controlplane_url_without_scheme(helm: Path) -> None:
                     "--set", "nodeplugin.controlplaneURL=cp.example.com:8443",
                     home=Path("/tmp") / "tessera-helm-schema", check=False)  # fmt: skip
     assert proc.returncode != 0 and "controlplaneURL" in proc.stderr
+
+
+def test_nodeplugin_termination_log_is_writable() -> None:
+    """The host's /dev is mounted read-only over the plugin's /dev: a termination log left at
+    /dev/termination-log makes runc fail the container's start (seen with a real kubelet)."""
+    spec = one(render(), "DaemonSet", f"{RELEASE}-nodeplugin")["spec"]["template"]["spec"]
+    plugin = spec["containers"][0]
+    path = plugin.get("terminationMessagePath", "/dev/termination-log")
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    holder = max((m for m in mounts if path.startswith(m.rstrip("/") + "/")), key=len)
+    assert not mounts[holder].get("readOnly"), (path, mounts[holder])
+    emptydirs = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    assert mounts[holder]["name"] in emptydirs

@@ -166,19 +166,11 @@ def gpu_nodes(
 def namespace(core: Any, request: pytest.FixtureRequest) -> str:
     """A fresh namespace (with the default ServiceAccount no controller-manager creates here)."""
     name = objects.unique(request.node.name.replace("_", "-")[:40].strip("-").lower())
-    core.create_namespace(objects.namespace(name))
-    core.create_namespaced_service_account(
-        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    )
-    return name
+    return objects.create_namespace(core, name)
 
 
 @pytest.fixture
 def unmanaged(core: Any, request: pytest.FixtureRequest) -> str:
     """A fresh namespace the webhook skips: the reconciler tests' pods, bound by the tests."""
     name = objects.unique(request.node.name.replace("_", "-")[:30].strip("-").lower())
-    core.create_namespace(objects.namespace(name, webhook=False))
-    core.create_namespaced_service_account(
-        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    )
-    return name
+    return objects.create_namespace(core, name, webhook=False)
