@@ -130,8 +130,9 @@ class RealNodeCluster(Cluster):
     def _up(self) -> None:
         binaries = dict(self.options.binaries)
         if not set(NODE_BINARIES) <= binaries.keys():
-            binaries.update(build_binaries(NODE_BINARIES))
-            self.options.binaries = {**binaries, **self.options.binaries}
+            # Built (or found) ones, less those the caller set (the failure tests' stand-ins).
+            binaries = {**build_binaries(NODE_BINARIES), **binaries}
+            self.options.binaries = binaries
         self._take_lock()
         super()._up()
         self.state["binaries"].update({k: str(v) for k, v in binaries.items()})
