@@ -663,3 +663,30 @@ def test_nodeplugin_termination_log_is_writable() -> None:
     assert not mounts[holder].get("readOnly"), (path, mounts[holder])
     emptydirs = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
     assert mounts[holder]["name"] in emptydirs
+
+
+def test_production_datastores_from_operator_secrets() -> None:
+    """values-production.yaml (docs/operator-guide.md, "Production database and broker"): every
+    Tessera process, init containers included, reads DATABASE_URL from CloudNativePG's app
+    Secret and REDIS_URL from the managed Redis's; the chart bundles and stores neither."""
+    docs = render("values-production.yaml")
+    assert not find(docs, "StatefulSet")
+    assert set(one(docs, "Secret", f"{RELEASE}-secrets")["data"]) == {"secret-key"}
+    django = 0
+    for workload in workloads(docs):
+        for c in containers(workload, init=True):
+            env = env_of(c)
+            if "DATABASE_URL" not in env:
+                continue
+            django += 1
+            where = f"{workload['metadata']['name']}/{c['name']}"
+            assert env["DATABASE_URL"] == {
+                "secretKeyRef": {"name": "tessera-pg-app", "key": "uri"}
+            }, where
+            if "REDIS_URL" in env:
+                assert env["REDIS_URL"] == {
+                    "secretKeyRef": {"name": "tessera-redis", "key": "url"}
+                }, where
+    assert django >= 6  # app, webhook, extender, worker, beat, migrate (and their waits)
+    worker = containers(one(docs, "Deployment", f"{RELEASE}-worker"))[0]
+    assert "REDIS_URL" in env_of(worker)
