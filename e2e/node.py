@@ -37,7 +37,6 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from e2e import images as image_build
 from e2e.cluster import (
@@ -46,6 +45,7 @@ from e2e.cluster import (
     Options,
     _openssl,
     build_binaries,
+    cache_dir,
     free_port,
     log,
     write_kubeconfig,
@@ -180,7 +180,7 @@ class RealNodeCluster(Cluster):
             self._lock_fd = None
 
     def _start_registry(self, binary: Path) -> None:
-        data = Path(os.environ.get("TESSERA_E2E_REGISTRY_DATA", self._cache() / "registry-data"))
+        data = Path(os.environ.get("TESSERA_E2E_REGISTRY_DATA", cache_dir() / "registry-data"))
         data.mkdir(parents=True, exist_ok=True)
         config = self.node_dir / "registry.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
@@ -193,11 +193,6 @@ class RealNodeCluster(Cluster):
         self._spawn("registry", [str(binary), "serve", str(config)], port_names=("registry",))
         url = f"http://{self.registry}/v2/"
         self._wait_ready("registry", lambda: _get_ok(url), f"GET {url}")
-
-    def _cache(self) -> Path:
-        from e2e.cluster import cache_dir
-
-        return cache_dir()
 
     def _push_images(self) -> None:
         started = time.monotonic()
@@ -531,9 +526,3 @@ def _get_ok(url: str, insecure: bool = False) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
-
-
-def node_summary(node: Any) -> str:
-    """One line about a Node object, for failure messages."""
-    conditions = {c.type: c.status for c in (node.status.conditions or [])}
-    return f"{node.metadata.name} conditions={conditions} allocatable={node.status.allocatable}"

@@ -10,6 +10,12 @@ import pytest
 from e2e import images
 from e2e.cluster import HarnessError, Options, build_binaries, cache_dir, processes_of_run
 from e2e.node import LOCK_FILE, RealNodeCluster
+from tests.deploy.chart import ApiServerOnly
+
+
+class NodeOnApiServer(RealNodeCluster, ApiServerOnly):
+    """The real node on the harness's etcd and kube-apiserver alone (all the kubelet needs):
+    the failures below happen in the node's components, so the rest need not start."""
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +33,7 @@ def test_a_component_that_dies_at_start_is_named(
     dying = tmp_path / component
     dying.write_text("#!/bin/sh\necho 'stand-in failing on purpose' >&2\nexit 3\n")
     dying.chmod(0o755)
-    harness = RealNodeCluster(
+    harness = NodeOnApiServer(
         Options(run_dir=cache_dir() / "run-realnode-fail", binaries={**binaries, component: dying})
     )
     with pytest.raises(HarnessError) as failure:

@@ -120,12 +120,26 @@ def start_pod(
     return allocated_cards(core, namespace, name), report
 
 
+def plugin_pods(core: Any) -> list[Any]:
+    """The node plugin's pods, terminating ones included."""
+    return list(
+        core.list_namespaced_pod(
+            NAMESPACE, label_selector="app.kubernetes.io/component=nodeplugin"
+        ).items
+    )
+
+
 def plugin_pod(core: Any) -> Any:
-    pods = core.list_namespaced_pod(
-        NAMESPACE, label_selector="app.kubernetes.io/component=nodeplugin"
-    ).items
-    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    """The node plugin's one live pod, or None."""
+    live = [p for p in plugin_pods(core) if p.metadata.deletion_timestamp is None]
     return live[0] if len(live) == 1 else None
+
+
+def prestart_calls(cluster: RealNodeCluster, core: Any, allocation: str) -> int:
+    """How many PreStartContainer calls the plugin pod logged that wrote CDI name `allocation`."""
+    pod = plugin_pod(core)
+    lines = cluster.pod_log(NAMESPACE, pod.metadata.name, "nodeplugin")
+    return sum(1 for line in lines if "PreStartContainer" in line and allocation in line)
 
 
 def test_chart_node_plugin_runs_from_the_pushed_image(
@@ -177,10 +191,15 @@ def test_container_restart_calls_prestart_again_with_the_same_cards(
     check_sees_exactly_its_cards(first, cards, 2048, "first start")
     (status,) = core.read_namespaced_pod("restarted", namespace).status.container_statuses
     container_id = status.container_id.split("://", 1)[1]
+    allocation = first["env"]["TESSERA_ALLOCATION"]  # the CDI name Allocate handed out
+    assert prestart_calls(node_cluster, core, allocation) == 1
     stopped = node_cluster.crictl("stop", container_id)
     assert stopped.returncode == 0, stopped.stderr
     second = wait_report(node_cluster, namespace, "restarted", count=2)[1]
     check_sees_exactly_its_cards(second, cards, 2048, "after the restart")
+    # The kubelet asked the plugin again before creating the new container, for the same name.
+    assert second["env"]["TESSERA_ALLOCATION"] == allocation
+    assert prestart_calls(node_cluster, core, allocation) == 2
 
     def restarted() -> bool:
         st = core.read_namespaced_pod("restarted", namespace).status.container_statuses[0]
@@ -260,7 +279,8 @@ def test_pod_created_while_no_plugin_serves_never_runs_without_its_devices(
 
     apps.patch_namespaced_daemon_set(ds_name, NAMESPACE, selector("true"))
     try:
-        objects.wait_for(lambda: plugin_pod(core) is None, timeout=60,
+        # Gone for good (not only terminating: its process would register again).
+        objects.wait_for(lambda: not plugin_pods(core), timeout=90,
                          what="the node plugin pod gone")  # fmt: skip
         node_cluster.restart_kubelet()
         assert "tessera-gpu.sock" not in _device_plugin_sockets()
