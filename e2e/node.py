@@ -3,9 +3,8 @@ kubelet, and kube-controller-manager's DaemonSet controller (docs/e2e.md, "The r
 
 `RealNodeCluster` is the harness's `Cluster` plus, after kwok, in this order:
 
-- **registry**: the distribution registry on 127.0.0.1 (data in the e2e cache, so a warm run
-  pushes no blob twice); the images of images/build.sh are pushed to it with skopeo, and every
-  image below is pulled from it.
+- **registry**: the distribution registry on 127.0.0.1 (its data in the run folder); the images
+  of images/build.sh are pushed to it with skopeo, and every image below is pulled from it.
 - **containerd** 2.x: its own root, state and socket in the run folder, CDI on with the run's
   spec directory, cgroupfs, no NRI, `restrict_oom_score_adj` (this host may not lower an
   oom_score_adj), the pause image and the registry (plain HTTP on loopback) from the registry.
@@ -45,7 +44,6 @@ from e2e.cluster import (
     Options,
     _openssl,
     build_binaries,
-    cache_dir,
     free_port,
     log,
     write_kubeconfig,
@@ -180,7 +178,8 @@ class RealNodeCluster(Cluster):
             self._lock_fd = None
 
     def _start_registry(self, binary: Path) -> None:
-        data = Path(os.environ.get("TESSERA_E2E_REGISTRY_DATA", cache_dir() / "registry-data"))
+        # In the run folder: each run pushes its images afresh (seconds), and nothing piles up.
+        data = self.node_dir / "registry"
         data.mkdir(parents=True, exist_ok=True)
         config = self.node_dir / "registry.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)

@@ -224,6 +224,8 @@ for name in "${WANT[@]}"; do
     mv -f "$tmp" "$cached"
     log "built $ref in $((SECONDS - start)) s ($(du -m "$cached" | cut -f1) MB, layers compressed)"
   fi
+  # Keep the three newest builds of each image (other checkouts sharing the cache may use them).
+  ls -1t "$CACHE/$name"-*.oci.tar 2>/dev/null | tail -n +4 | while read -r old; do rm -f "$old"; done
   ln -f "$cached" "$OUT/$name.oci.tar" 2>/dev/null || cp -f "$cached" "$OUT/$name.oci.tar"
   echo "$name $OUT/$name.oci.tar $ref"
 done

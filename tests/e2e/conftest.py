@@ -23,7 +23,7 @@ import pytest
 
 from e2e import objects
 from e2e.chart import CHART_VALUES_ENV, ChartConfig, ChartError
-from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, cache_dir
+from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, run_folder
 
 NODES = [f"gpu-e2e-{i}" for i in range(8)]  # the shared pool
 RELEASE_NODE = "gpu-e2e-release"  # one card, pool "release": the release test's own
@@ -92,7 +92,7 @@ def chart() -> ChartConfig | None:
 @pytest.fixture(scope="session")
 def cluster(binaries: dict[str, Path], chart: ChartConfig | None) -> Iterator[Cluster]:
     run = "run-pytest-chart" if chart is not None else "run-pytest"
-    options = Options(run_dir=cache_dir() / run, binaries=binaries, chart=chart)
+    options = Options(run_dir=run_folder(run), binaries=binaries, chart=chart)
     harness = Cluster(options)
     # Pods ask for, and nodes advertise, what this control plane manages.
     objects.use_resources(harness.resource_names, harness.node_resource)

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from e2e import objects
-from e2e.cluster import HarnessError, Options, build_binaries, cache_dir
+from e2e.cluster import HarnessError, Options, build_binaries, run_folder
 from e2e.node import NODE_NAME, RealNodeCluster
 from tests.deploy.chart import CHART, run_helm
 from tests.nodeplugin.harness.gpu import FakeCard, build_fake_nvml
@@ -139,7 +139,7 @@ def node_cluster() -> Iterator[RealNodeCluster]:
     except HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
     # Four webhook workers: the API server calls the webhook for 20 pod creates at once.
-    options = Options(run_dir=cache_dir() / "run-realnode", binaries=binaries, webhook_workers=4)
+    options = Options(run_dir=run_folder("run-realnode"), binaries=binaries, webhook_workers=4)
     harness = RealNodeCluster(options)
     try:
         harness.up()

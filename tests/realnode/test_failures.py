@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from e2e import images
-from e2e.cluster import HarnessError, Options, build_binaries, cache_dir, processes_of_run
+from e2e.cluster import HarnessError, Options, build_binaries, processes_of_run, run_folder
 from e2e.node import LOCK_FILE, RealNodeCluster
 from tests.deploy.chart import ApiServerOnly
 
@@ -34,7 +34,7 @@ def test_a_component_that_dies_at_start_is_named(
     dying.write_text("#!/bin/sh\necho 'stand-in failing on purpose' >&2\nexit 3\n")
     dying.chmod(0o755)
     harness = NodeOnApiServer(
-        Options(run_dir=cache_dir() / "run-realnode-fail", binaries={**binaries, component: dying})
+        Options(run_dir=run_folder("run-realnode-fail"), binaries={**binaries, component: dying})
     )
     with pytest.raises(HarnessError) as failure:
         harness.up()
