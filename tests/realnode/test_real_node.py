@@ -255,6 +255,8 @@ def test_plugin_pod_deleted_daemonset_recreates_it_and_pods_still_start(
     new = objects.wait_for(replaced, timeout=120, every=0.5,
                            what="the DaemonSet's new node plugin pod Running")  # fmt: skip
     assert new.spec.node_name == NODE_NAME
+    # The old plugin's shutdown (it overlaps the new one's start) must leave the new one served.
+    objects.wait_for(lambda: len(plugin_pods(core)) == 1, timeout=60, what="the old pod gone")
 
     objects.wait_for(
         lambda: plugin_serving(core), timeout=60, what="nvidia.com/gpu allocatable again"
