@@ -13,7 +13,10 @@ export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
 # chart: renamed resources and scheduler, so the pass differs from the default one.
 E2E_CHART_VALUES ?= values-resources.yaml
 
-.PHONY: help venv run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+# Where `make push` sends the images (host[:port][/path]); see docs/operator-guide.md.
+REGISTRY ?=
+
+.PHONY: help venv images push run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
@@ -23,6 +26,8 @@ help:
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
 	@echo "make e2e-chart  the real-cluster suite with the control plane configured from the Helm chart"
 	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera"
+	@echo "make images  the OCI images (control plane, node plugin; test and pause images) under .cache/images/"
+	@echo "make images push REGISTRY=host:port  build and push the control plane and node plugin images"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11+ (Debian: apt-get install python3 python3-venv)" >&2; exit 1; }
@@ -34,6 +39,15 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv: $(STAMP)
+
+# OCI images without a container engine (images/build.sh, docs/operator-guide.md): Debian's
+# mmdebstrap for the root filesystem, the pinned wheels of images/requirements.lock, buildah.
+images: venv
+	images/build.sh
+
+push: venv
+	@[ -n "$(REGISTRY)" ] || { echo "make push: set REGISTRY, e.g. make images push REGISTRY=registry.example.com:5000" >&2; exit 2; }
+	images/build.sh --push "$(REGISTRY)" controlplane nodeplugin
 
 migrate: venv
 	$(PY) manage.py migrate --noinput

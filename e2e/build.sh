@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes binaries the end-to-end harness runs, from the Go module proxy:
 #   kube-apiserver, kube-scheduler (k8s.io/kubernetes, pinned by e2e/tools/go.mod),
-#   kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v3), all versions from e2e/versions.env.
+#   kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v3), all versions from e2e/versions.env;
+#   for the real node: kubelet and kube-controller-manager (k8s.io/kubernetes), containerd,
+#   containerd-shim-runc-v2 and ctr (github.com/containerd/containerd/v2), crictl
+#   (sigs.k8s.io/cri-tools) and the OCI registry (github.com/distribution/distribution/v3).
 # Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
 # that is already there is kept, so a warm run costs nothing. --force rebuilds.
-#   e2e/build.sh [--force] [NAME...]   NAMEs: kube-apiserver kube-scheduler kwok helm (default: all)
+#   e2e/build.sh [--force] [NAME...]   NAMEs: see ALL below (default: all)
 # Go's module and build caches live under the same cache folder, not in $HOME.
 # Prints one line per binary: "<name> <path>".
 set -euo pipefail
@@ -16,9 +19,11 @@ CACHE=${TESSERA_E2E_CACHE:-$ROOT/.cache/e2e}
 FORCE=0
 if [ "${1:-}" = "--force" ]; then FORCE=1; shift; fi
 WANT=("$@")
-[ ${#WANT[@]} -gt 0 ] || WANT=(kube-apiserver kube-scheduler kwok helm)
+ALL=(kube-apiserver kube-scheduler kwok helm kubelet kube-controller-manager containerd
+     containerd-shim-runc-v2 ctr crictl registry)
+[ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
 for name in "${WANT[@]}"; do
-  case $name in kube-apiserver|kube-scheduler|kwok|helm) ;; *) echo "e2e-build: error: unknown binary $name" >&2; exit 2 ;; esac
+  case " ${ALL[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]})" >&2; exit 2 ;; esac
 done
 wanted() { local n; for n in "${WANT[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
 
@@ -98,9 +103,27 @@ build_one() {
 }
 
 k8s_build() { (cd "$TOOLS" && nice go build -ldflags "$ldflags" -o "$OUT/$1" "k8s.io/kubernetes/cmd/$1"); }
-go_install() { GOBIN=$OUT GOFLAGS="${GOFLAGS/-mod=readonly/}" nice go install -ldflags "-s -w" "$1"; }
+go_install() { GOBIN=$OUT GOFLAGS="${GOFLAGS/-mod=readonly/}" nice go install -ldflags "-s -w" "$@"; }
+# containerd without the snapshotters that need cgo or kernel features the node does not use
+# (overlayfs is the one it runs with), stamped with its version as its release builds are.
+containerd_install() {
+  go_install -tags no_btrfs,no_devmapper,no_zfs \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/$1@$CONTAINERD_VERSION"
+}
 
 if wanted kube-apiserver; then build_one kube-apiserver "$KUBERNETES_VERSION" k8s_build kube-apiserver; fi
 if wanted kube-scheduler; then build_one kube-scheduler "$KUBERNETES_VERSION" k8s_build kube-scheduler; fi
 if wanted kwok; then build_one kwok "$KWOK_VERSION" go_install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; fi
 if wanted helm; then build_one helm "$HELM_VERSION" go_install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; fi
+if wanted kubelet; then build_one kubelet "$KUBERNETES_VERSION" k8s_build kubelet; fi
+if wanted kube-controller-manager; then
+  build_one kube-controller-manager "$KUBERNETES_VERSION" k8s_build kube-controller-manager
+fi
+for name in containerd containerd-shim-runc-v2 ctr; do
+  if wanted $name; then build_one $name "$CONTAINERD_VERSION" containerd_install $name; fi
+done
+if wanted crictl; then build_one crictl "$CRICTL_VERSION" go_install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"; fi
+if wanted registry; then
+  build_one registry "$REGISTRY_VERSION" go_install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+fi

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -108,8 +109,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TESSERA_E2E_CACHE", ROOT / ".cache" / "e2e"))
 
 
+def run_folder(name: str) -> Path:
+    """The run folder `name` in the cache, this checkout's own: checkouts that share one cache
+    (TESSERA_E2E_CACHE, so that they share the builds) run their clusters in folders apart,
+    so that one's session never stops or sweeps another's."""
+    cache = cache_dir()
+    if cache == ROOT or ROOT in cache.parents:
+        return cache / name
+    return cache / f"{name}-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
+
+
 def default_run_dir() -> Path:
-    return Path(os.environ.get("TESSERA_E2E_RUN_DIR", cache_dir() / "run"))
+    return Path(os.environ.get("TESSERA_E2E_RUN_DIR", run_folder("run")))
 
 
 HARNESS_BINARIES = ("kube-apiserver", "kube-scheduler", "kwok")  # helm: the deploy tests

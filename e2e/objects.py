@@ -117,6 +117,16 @@ def namespace(
     }
 
 
+def create_namespace(core: Any, name: str, *, webhook: bool = True) -> str:
+    """A namespace with the `default` ServiceAccount (no controller-manager's ServiceAccount
+    controller runs in the harness to make it)."""
+    core.create_namespace(namespace(name, webhook=webhook))
+    core.create_namespaced_service_account(
+        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+    )
+    return name
+
+
 def gpu_pod(
     name: str,
     *,

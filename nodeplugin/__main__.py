@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
-from nodeplugin import config
+from nodeplugin import __version__, config
 from nodeplugin.app import Plugin, configure_logging
 from nodeplugin.nvml import NvmlError
 
@@ -17,6 +18,10 @@ async def _main(settings: config.Settings) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--version"]:
+        revision = os.environ.get("TESSERA_REVISION", "unknown")
+        print(f"tessera-nodeplugin {__version__} (revision {revision})")
+        return 0
     configure_logging()
     try:
         settings = config.load()

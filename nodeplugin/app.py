@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -47,6 +49,27 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns)
+
+
+def _remove_dead_sockets(path: Path) -> None:
+    """Private sockets (`.<name>.<hex>`) left by a plugin that was killed: nothing listens."""
+    for stale in path.parent.glob(f".{path.name}.*"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(stale))
+                continue  # a live plugin's (a predecessor still terminating)
+            except OSError:
+                pass
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class Plugin:
@@ -105,19 +128,29 @@ class Plugin:
         self.monitor: HealthMonitor | None = None
         self._report_now = asyncio.Event()
         self.registrations = 0
+        self._socket_inode: tuple[int, int] | None = None  # the socket file this process made
 
     # -- gRPC server -----------------------------------------------------------------------
 
     async def start_server(self) -> None:
+        """Serve on a socket of this process's own and give it the plugin's name by an atomic
+        rename of a hard link: gRPC removes its socket's path when it stops, and a successor
+        (the DaemonSet's next pod, started while this one terminates) serves under the same
+        name, which this process must then leave alone."""
         path = self.s.plugin_socket_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        _remove_dead_sockets(path)
+        # Unique per start: in a pod every plugin is PID 1, so a PID would not tell two apart.
+        private = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((device_plugin_handler(self.servicer),))
-        server.add_insecure_port(unix_target(str(path)))
+        server.add_insecure_port(unix_target(str(private)))
         await server.start()
         self.server = server
+        link = path.with_name(private.name + ".link")
+        os.link(private, link)
+        os.replace(link, path)
+        self._socket_inode = _inode(path)
         await self._confirm_serving()
         log.info("serving the device plugin API on %s", path)
 
@@ -132,8 +165,13 @@ class Plugin:
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.s.plugin_socket_path.unlink()
+        # Only our own socket: when the DaemonSet replaces this pod, the new plugin may already
+        # serve on the same path, and removing its socket would cut it off from the kubelet.
+        path = self.s.plugin_socket_path
+        if self._socket_inode is not None and _inode(path) == self._socket_inode:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._socket_inode = None
 
     async def register(self) -> None:
         async with grpc.aio.insecure_channel(unix_target(str(self.s.kubelet_socket_path))) as ch:

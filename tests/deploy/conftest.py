@@ -32,7 +32,7 @@ def apiserver() -> Iterator[Any]:
     except harness.HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
     run = ApiServerOnly(
-        harness.Options(run_dir=harness.cache_dir() / "run-deploy", binaries=binaries)
+        harness.Options(run_dir=harness.run_folder("run-deploy"), binaries=binaries)
     )
     try:
         run.up()

@@ -26,6 +26,7 @@ from tests.deploy.chart import (
     render,
     run_helm,
 )
+from tests.deploy.chart import container as chart_container
 
 DEFAULT_RESOURCES = {
     "gpu": "nvidia.com/gpu",
@@ -212,7 +213,7 @@ def test_scheduler_image_follows_the_cluster_version_and_leader_election_the_rep
     deploy = one(single, "Deployment", f"{RELEASE}-scheduler")
     images = {c["name"]: c["image"] for c in containers(deploy)}
     assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
-    assert images["extender"] == "ghcr.io/tessera/tessera:0.1.0"
+    assert images["extender"] == "localhost:5000/tessera/controlplane:0.1.0"
     assert scheduler_config(single)["leaderElection"] == {"leaderElect": False}
     assert not find(single, "Role", f"{RELEASE}-scheduler-leader-election")
 
@@ -593,3 +594,99 @@ def test_grafana_dashboard_configmap_is_the_deploy_grafana_json() -> None:
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads((ROOT / "deploy/grafana/tessera-dashboard.json").read_text())
     assert json.loads(cm["data"]["tessera-dashboard.json"]) == shipped
+
+
+def test_images_are_the_built_ones_from_one_registry() -> None:
+    """`make images push REGISTRY=r` pushes r/tessera/controlplane and r/tessera/nodeplugin at
+    the project's version: the chart's defaults name exactly those, under image.registry."""
+    docs = render()
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    seen = {}
+    for workload in workloads(docs):
+        for c in containers(workload, init=True):
+            seen[(workload["kind"], c["name"])] = c["image"]
+    plugin = {k: v for k, v in seen.items() if k[0] == "DaemonSet"}
+    tessera = {k: v for k, v in seen.items() if k[0] != "DaemonSet" and "tessera/" in v}
+    assert set(plugin.values()) == {f"localhost:5000/tessera/nodeplugin:{version}"}
+    assert set(tessera.values()) == {f"localhost:5000/tessera/controlplane:{version}"}
+    assert ("Deployment", "worker") in tessera and ("Deployment", "extender") in tessera
+
+    moved = render(sets=("image.registry=registry.example.com:5000/", "image.tag=1.2.3",
+                         "nodeplugin.image.tag=1.2.4"))  # fmt: skip
+    ds = one(moved, "DaemonSet", f"{RELEASE}-nodeplugin")
+    assert containers(ds)[0]["image"] == "registry.example.com:5000/tessera/nodeplugin:1.2.4"
+    app = chart_container(moved, "controlplane", "app")
+    assert app["image"] == "registry.example.com:5000/tessera/controlplane:1.2.3"
+    bare = render(sets=("image.registry=",))
+    bare_app = chart_container(bare, "controlplane", "app")
+    assert bare_app["image"] == f"tessera/controlplane:{version}"
+
+
+def test_nodeplugin_network_controlplane_url_and_extra_volumes() -> None:
+    default = one(render(), "DaemonSet", f"{RELEASE}-nodeplugin")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in default
+    env = {e["name"]: e.get("value") for e in default["containers"][0]["env"]}
+    assert env["TESSERA_CONTROLPLANE_URL"] == f"https://{RELEASE}.{NAMESPACE}.svc:8443"
+
+    docs = render(sets=("nodeplugin.hostNetwork=true",
+                        "nodeplugin.controlplaneURL=https://cp.example.com:8443",
+                        "nodeplugin.extraVolumes[0].name=nvml",
+                        "nodeplugin.extraVolumes[0].hostPath.path=/usr/lib/nvidia",
+                        "nodeplugin.extraVolumeMounts[0].name=nvml",
+                        "nodeplugin.extraVolumeMounts[0].mountPath=/usr/lib/nvidia"))  # fmt: skip
+    spec = one(docs, "DaemonSet", f"{RELEASE}-nodeplugin")["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    plugin = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    assert env["TESSERA_CONTROLPLANE_URL"] == "https://cp.example.com:8443"
+    assert {"name": "nvml", "hostPath": {"path": "/usr/lib/nvidia"}} in spec["volumes"]
+    assert {"name": "nvml", "mountPath": "/usr/lib/nvidia"} in plugin["volumeMounts"]
+    names = [v["name"] for v in spec["volumes"]]
+    assert len(names) == len(set(names))
+
+
+def test_schema_refuses_a_controlplane_url_without_scheme(helm: Path) -> None:
+    proc = run_helm("template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION,
+                    "--set", "nodeplugin.controlplaneURL=cp.example.com:8443",
+                    home=Path("/tmp") / "tessera-helm-schema", check=False)  # fmt: skip
+    assert proc.returncode != 0 and "controlplaneURL" in proc.stderr
+
+
+def test_nodeplugin_termination_log_is_writable() -> None:
+    """The host's /dev is mounted read-only over the plugin's /dev: a termination log left at
+    /dev/termination-log makes runc fail the container's start (seen with a real kubelet)."""
+    spec = one(render(), "DaemonSet", f"{RELEASE}-nodeplugin")["spec"]["template"]["spec"]
+    plugin = spec["containers"][0]
+    path = plugin.get("terminationMessagePath", "/dev/termination-log")
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    holder = max((m for m in mounts if path.startswith(m.rstrip("/") + "/")), key=len)
+    assert not mounts[holder].get("readOnly"), (path, mounts[holder])
+    emptydirs = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    assert mounts[holder]["name"] in emptydirs
+
+
+def test_production_datastores_from_operator_secrets() -> None:
+    """values-production.yaml (docs/operator-guide.md, "Production database and broker"): every
+    Tessera process, init containers included, reads DATABASE_URL from CloudNativePG's app
+    Secret and REDIS_URL from the managed Redis's; the chart bundles and stores neither."""
+    docs = render("values-production.yaml")
+    assert not find(docs, "StatefulSet")
+    assert set(one(docs, "Secret", f"{RELEASE}-secrets")["data"]) == {"secret-key"}
+    django = 0
+    for workload in workloads(docs):
+        for c in containers(workload, init=True):
+            env = env_of(c)
+            if "DATABASE_URL" not in env:
+                continue
+            django += 1
+            where = f"{workload['metadata']['name']}/{c['name']}"
+            assert env["DATABASE_URL"] == {
+                "secretKeyRef": {"name": "tessera-pg-app", "key": "uri"}
+            }, where
+            if "REDIS_URL" in env:
+                assert env["REDIS_URL"] == {
+                    "secretKeyRef": {"name": "tessera-redis", "key": "url"}
+                }, where
+    assert django >= 6  # app, webhook, extender, worker, beat, migrate (and their waits)
+    worker = containers(one(docs, "Deployment", f"{RELEASE}-worker"))[0]
+    assert "REDIS_URL" in env_of(worker)

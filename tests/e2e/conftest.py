@@ -23,7 +23,7 @@ import pytest
 
 from e2e import objects
 from e2e.chart import CHART_VALUES_ENV, ChartConfig, ChartError
-from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, cache_dir
+from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, run_folder
 
 NODES = [f"gpu-e2e-{i}" for i in range(8)]  # the shared pool
 RELEASE_NODE = "gpu-e2e-release"  # one card, pool "release": the release test's own
@@ -92,10 +92,7 @@ def chart() -> ChartConfig | None:
 @pytest.fixture(scope="session")
 def cluster(binaries: dict[str, Path], chart: ChartConfig | None) -> Iterator[Cluster]:
     run = "run-pytest-chart" if chart is not None else "run-pytest"
-    # TESSERA_E2E_RUN_DIR gives a checkout runs of its own next to another's on one machine.
-    base = os.environ.get("TESSERA_E2E_RUN_DIR")
-    run_dir = Path(f"{base}-{run}") if base else cache_dir() / run
-    options = Options(run_dir=run_dir, binaries=binaries, chart=chart)
+    options = Options(run_dir=run_folder(run), binaries=binaries, chart=chart)
     harness = Cluster(options)
     # Pods ask for, and nodes advertise, what this control plane manages.
     objects.use_resources(harness.resource_names, harness.node_resource)
@@ -169,19 +166,11 @@ def gpu_nodes(
 def namespace(core: Any, request: pytest.FixtureRequest) -> str:
     """A fresh namespace (with the default ServiceAccount no controller-manager creates here)."""
     name = objects.unique(request.node.name.replace("_", "-")[:40].strip("-").lower())
-    core.create_namespace(objects.namespace(name))
-    core.create_namespaced_service_account(
-        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    )
-    return name
+    return objects.create_namespace(core, name)
 
 
 @pytest.fixture
 def unmanaged(core: Any, request: pytest.FixtureRequest) -> str:
     """A fresh namespace the webhook skips: the reconciler tests' pods, bound by the tests."""
     name = objects.unique(request.node.name.replace("_", "-")[:30].strip("-").lower())
-    core.create_namespace(objects.namespace(name, webhook=False))
-    core.create_namespaced_service_account(
-        name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    )
-    return name
+    return objects.create_namespace(core, name, webhook=False)

@@ -47,8 +47,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/* Images ---------------------------------------------------------------------------------- */}}
+{{/* <registry>/<repository>:<tag>: tessera.imageRef (list . .Values.image) */}}
+{{- define "tessera.imageRef" -}}
+{{- $root := index . 0 }}{{- $image := index . 1 -}}
+{{- $registry := trimSuffix "/" ($root.Values.image.registry | default "") -}}
+{{- $name := printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- if $registry }}{{ printf "%s/%s" $registry $name }}{{ else }}{{ $name }}{{ end -}}
+{{- end -}}
+
 {{- define "tessera.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "tessera.imageRef" (list . .Values.image) -}}
+{{- end -}}
+
+{{- define "tessera.nodepluginImage" -}}
+{{- include "tessera.imageRef" (list . .Values.nodeplugin.image) -}}
 {{- end -}}
 
 {{/* kube-scheduler of the cluster's own version: vMAJOR.MINOR.PATCH without a vendor suffix
