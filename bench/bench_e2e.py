@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_extender import ScratchDatabase, settings_from
 from e2e import objects
-from e2e.cluster import ROOT, Cluster, HarnessError, Options, cache_dir
+from e2e.cluster import ROOT, Cluster, HarnessError, Options, run_folder
 
 
 @dataclass
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.database_url:
         os.environ["TESSERA_E2E_DATABASE_URL"] = scratch.url  # the harness's own database
     options = Options(
-        run_dir=cache_dir() / "run-bench",
+        run_dir=run_folder("run-bench"),
         extender="none",
         access_log=False,
         controlplane_env=env,

@@ -91,8 +91,8 @@ def test_the_pipelined_reads_wait_for_the_node_lock_and_see_what_its_holder_wrot
     for thread in threads:
         thread.start()
     holder_locked.wait(10)
-    time.sleep(0.3)  # the reader is now blocked on the node's row lock
-    release.set()
+    time.sleep(0.6)  # the reader is now blocked on the node's row lock (a loaded machine may
+    release.set()  # start it late: the wait it measures is then shorter than this sleep)
     for thread in threads:
         thread.join(20)
 
