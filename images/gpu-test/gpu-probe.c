@@ -12,8 +12,9 @@
  * smaller slice must refuse with CUDA_ERROR_OUT_OF_MEMORY (2).
  *
  * The image's libcuda.so.1 is the project's fake driver (shim/tests/fake/fake_cuda.c), which
- * has no hardware to look at: the probe tells it how many cards the container was given (the
- * entries of CUDA_VISIBLE_DEVICES) and their size, as a real driver would find them.
+ * has no hardware to look at: the probe tells it which cards the container was given (the
+ * entries of CUDA_VISIBLE_DEVICES, their number and UUIDs) and their size, as a real driver
+ * would find them.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -136,6 +137,8 @@ int main(int argc, char **argv)
         cards += (p == visible || p[-1] == ',') && *p != ',';
     snprintf(number, sizeof(number), "%d", cards > 0 ? cards : 1);
     setenv("FAKE_CUDA_DEVICES", number, 1);
+    if (visible != NULL && strncmp(visible, "GPU-", 4) == 0)
+        setenv("FAKE_GPU_UUIDS", visible, 1);
     snprintf(number, sizeof(number), "%ld", card);
     setenv("FAKE_CUDA_MEM_MIB", number, 1);
 

@@ -46,4 +46,32 @@ typedef struct fake_gpu_state *(*fake_cuda_state_fn)(void);
 #define FAKE_UUID_FMT "GPU-7e55e2a0-0000-4000-8000-%012x"
 #define FAKE_PCI_BUS(p) (0x1b + 0x20 * (p))
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * The UUID of physical card p: the p-th entry of FAKE_GPU_UUIDS (comma-separated) when it
+ * is set, as on a node whose cards have known identities, else FAKE_UUID_FMT's.
+ */
+static inline void fake_card_uuid(int p, char *out, size_t n)
+{
+    const char *list = getenv("FAKE_GPU_UUIDS");
+    if (list != NULL && *list != '\0') {
+        for (int i = 0; i < p && list != NULL; i++) {
+            list = strchr(list, ',');
+            list = list != NULL ? list + 1 : NULL;
+        }
+        if (list != NULL) {
+            size_t len = strcspn(list, ",");
+            if (len > 0 && len < n) {
+                memcpy(out, list, len);
+                out[len] = '\0';
+                return;
+            }
+        }
+    }
+    snprintf(out, n, FAKE_UUID_FMT, p);
+}
+
 #endif

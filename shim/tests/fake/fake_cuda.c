@@ -7,6 +7,7 @@
  *
  * FAKE_CUDA_MEM_MIB      size of each fake card in MiB (default 16384)
  * FAKE_CUDA_DEVICES      number of physical cards (default 1, at most 4)
+ * FAKE_GPU_UUIDS         the physical cards' UUIDs, comma-separated (default: FAKE_UUID_FMT's)
  * CUDA_VISIBLE_DEVICES   as CUDA reads it: full "GPU-..." UUIDs or physical indices, in the
  *                        order that becomes the CUDA ordinals (so CUDA's order can differ
  *                        from NVML's, which is always the physical order)
@@ -137,7 +138,7 @@ static void read_visible(void)
         } else {
             for (int p = 0; p < physical_count; p++) {
                 char uuid[64];
-                snprintf(uuid, sizeof uuid, FAKE_UUID_FMT, p);
+                fake_card_uuid(p, uuid, sizeof uuid);
                 if (strcasecmp(uuid, e) == 0)
                     found = p;
             }
@@ -384,11 +385,18 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d)
 {
     VALID_DEVICE(d);
-    static const unsigned char prefix[10] = {0x7e, 0x55, 0xe2, 0xa0, 0x00, 0x00, 0x40, 0x00, 0x80, 0x00};
-    memcpy(uuid->bytes, prefix, sizeof prefix);
-    uint64_t p = (uint64_t)phys_of[d];
-    for (int i = 0; i < 6; i++)
-        uuid->bytes[10 + i] = (char)(unsigned char)(p >> (8 * (5 - i)));
+    /* The 16 bytes the text form spells in hex, dashes skipped. */
+    char text[64];
+    fake_card_uuid(phys_of[d], text, sizeof text);
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    int nibble = 0;
+    for (const char *c = strncasecmp(text, "GPU-", 4) == 0 ? text + 4 : text; *c != '\0' && nibble < 32; c++) {
+        if (!isxdigit((unsigned char)*c))
+            continue;
+        int v = isdigit((unsigned char)*c) ? *c - '0' : (tolower((unsigned char)*c) - 'a' + 10);
+        uuid->bytes[nibble / 2] = (char)((unsigned char)uuid->bytes[nibble / 2] | (v << (nibble % 2 ? 0 : 4)));
+        nibble++;
+    }
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) { return cuDeviceGetUuid_v2(uuid, d); }

@@ -6,6 +6,7 @@
  *
  * FAKE_CUDA_MEM_MIB   card size in MiB (default 16384), shared with the fake libcuda
  * FAKE_CUDA_DEVICES   number of cards (default 1)
+ * FAKE_GPU_UUIDS      the cards' UUIDs, comma-separated, shared with the fake libcuda
  * FAKE_NVML_USED_MIB  memory other tenants use on every card (default 0)
  * FAKE_NVML_UTIL      GPU utilisation: a percentage, or "model": utilisation follows the
  *                     kernels launched on the card, each keeping it busy FAKE_KERNEL_US
@@ -161,14 +162,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int n
         return NVML_ERROR_NOT_SUPPORTED;
     if (n < NVML_DEVICE_UUID_BUFFER_SIZE)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    snprintf(uuid, n, FAKE_UUID_FMT, dev_index(d));
+    fake_card_uuid((int)dev_index(d), uuid, n);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 {
     for (unsigned i = 0; i < count && !no_uuid; i++) {
         char mine[NVML_DEVICE_UUID_BUFFER_SIZE];
-        snprintf(mine, sizeof mine, FAKE_UUID_FMT, i);
+        fake_card_uuid((int)i, mine, sizeof mine);
         if (strcasecmp(mine, uuid) == 0) {
             *d = (nvmlDevice_t)&devs[i];
             return NVML_SUCCESS;
