@@ -8,7 +8,7 @@ not grow with the data.
 
     .venv/bin/python bench/bench_dashboard.py [--nodes 1000] [--cards 8] [--slices 20000]
 
-Target (issue 8): <= 300 ms per page. Exit status 1 when a page misses it or when a query count
+Target: <= 300 ms per page. Exit status 1 when a page misses it or when a query count
 grows with the data.
 """
 

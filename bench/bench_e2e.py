@@ -11,7 +11,7 @@ same kube-scheduler binary and profile (`tessera-scheduler`) is run three times,
   (a) no extender at all;
   (b) a no-op extender (e2e/noop_extender.py) configured exactly like Tessera: filter keeps every
       node, prioritize scores 0, bind creates the Binding — the cost of "an extender at all";
-  (c) Tessera's extender (and its admission webhook, when it is served).
+  (c) Tessera's extender and its admission webhook.
 
 For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
 then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
@@ -563,17 +563,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         api = Api(cluster)
         setup_nodes(cluster, api, args.nodes, args.cards, args.workers)
-        webhook = bool(cluster.state["webhook_registered"])
         plan = [
             ("a", "(a) kube-scheduler, no extender", "none", False),
             ("b", "(b) + no-op extender", None, False),
-            ("c", "(c) + Tessera extender", "tessera", webhook),
+            ("c", "(c) + Tessera extender", "tessera", True),
         ]
         if variant or checkout:
             what = [f"{k}={v}" for k, v in variant.items()] + (
                 [f"code of {checkout}"] * bool(checkout)
             )
-            plan.append(("d", f"(d) Tessera, {' '.join(what)}", "tessera", webhook))
+            plan.append(("d", f"(d) Tessera, {' '.join(what)}", "tessera", True))
         sidecar: tuple[dict[str, str], Path] = ({}, ROOT)
         schedule = [
             (r, *phase)

@@ -24,7 +24,7 @@ What it does, in order:
    binds in parallel, 16 at a time; a refused bind goes back into the queue), then checks in
    the database that every pod is bound exactly once and no card is over-allocated.
 
-Targets (DESIGN / issue 3): filter p99 <= 5 ms, prioritize p99 <= 5 ms, bind p99 <= 10 ms of
+Targets (DESIGN): filter p99 <= 5 ms, prioritize p99 <= 5 ms, bind p99 <= 10 ms of
 Tessera's own time, the burst in <= 10 s with none lost or doubled. Exit status 1 when a target
 is missed, so CI can hold the line.
 """

@@ -335,7 +335,7 @@ TESSERA = {
     "FULL_RESYNC_S": env_int("TESSERA_FULL_RESYNC_S", 300, low=0, high=86400),
     "WATCH_TIMEOUT_S": env_int("TESSERA_WATCH_TIMEOUT_S", 2, low=1, high=60),
     "LIST_PAGE_SIZE": env_int("TESSERA_LIST_PAGE_SIZE", 500, low=10, high=5000),
-    # --- extender and admission webhook (issue 3; docs/extender.md) ---
+    # --- extender and admission webhook (docs/extender.md) ---
     # /scheduler/* is served only when on, and then only to loopback peers (the scheduler's
     # sidecar). Off by default in production: ordinary replicas never answer the extender.
     "SERVE_EXTENDER": env_bool("TESSERA_SERVE_EXTENDER", not PRODUCTION),

@@ -16,8 +16,8 @@ urlpatterns = [
     path("api/v1/", include("controlplane.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("admin/", admin.site.urls),
-    # extender (/scheduler/...) and admission webhook (/webhook/...): issue 3
+    # extender (/scheduler/...) and admission webhook (/webhook/...)
     path("", include("controlplane.extender.urls")),
-    # dashboard pages and /metrics: issue 8 (the dashboard owns "/")
+    # dashboard pages and /metrics (the dashboard owns "/", so it comes last)
     path("", include("controlplane.dashboard.urls")),
 ]

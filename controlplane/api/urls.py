@@ -6,8 +6,8 @@ from controlplane.api import views
 
 urlpatterns = [
     path("nodes/<str:name>/inventory", views.NodeInventoryView.as_view(), name="node-inventory"),
-    # operations API: quotas, nodes, cards, slices, bindings (issue 8)
+    # operations API: quotas, nodes, cards, slices, bindings (the dashboard app)
     path("", include("controlplane.dashboard.api_urls")),
-    # why-pending and allocations for node plugins (issue 3)
+    # why-pending, and allocations for node plugins (the extender app)
     path("", include("controlplane.extender.api_urls")),
 ]

@@ -39,25 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
-def extender_landed() -> bool:
-    """Issue 3 has landed when the extender app declares its routes."""
-    from controlplane.extender import urls
-
-    return bool(urls.urlpatterns)
-
-
-def reconciler_landed() -> bool:
-    """Issue 6 (the Celery reconciler) has landed when the project has its Celery app."""
-    return (ROOT / "controlplane" / "celery.py").is_file()
-
-
-needs_extender = pytest.mark.skipif(
-    not extender_landed(),
-    reason="extender (issue 3) not landed: controlplane/extender/urls.py serves no routes yet, "
-    "so nothing answers /scheduler/filter or /webhook/mutate",
-)
-
-
 @pytest.fixture(scope="session")
 def binaries() -> dict[str, Path]:
     """The pinned binaries (built on first use; a cold build takes a while, see docs/e2e.md)."""

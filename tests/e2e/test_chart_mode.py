@@ -29,12 +29,12 @@ from e2e import objects
 from e2e.chart import OVERRIDDEN, ChartConfig
 from e2e.cluster import WEBHOOK_SKIP_LABEL, Cluster
 from tests.deploy.chart import container
-from tests.e2e.conftest import chart_values, needs_extender
+from tests.e2e.conftest import chart_values
 
 ALLOCATION = "tessera.io/allocation"
 
 # "rendered" first: it skips the module when chart mode is off.
-pytestmark = [needs_extender, pytest.mark.usefixtures("rendered", "gpu_nodes")]
+pytestmark = pytest.mark.usefixtures("rendered", "gpu_nodes")
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,12 @@ from tests.e2e.conftest import (
     NODES,
     RELEASE_NODE,
     SLOTS_PER_CARD,
-    needs_extender,
-    reconciler_landed,
 )
 
 ALLOCATION = "tessera.io/allocation"
 SIGNATURE = "tessera.io/allocation-signature"
 
-pytestmark = [needs_extender, pytest.mark.usefixtures("gpu_nodes")]
+pytestmark = pytest.mark.usefixtures("gpu_nodes")
 
 
 def _pod(core: Any, namespace: str, name: str) -> Any:
@@ -242,11 +240,6 @@ def test_a_burst_of_200_pods_lands_on_8_nodes_with_no_card_over_allocated(
     assert burst_nodes <= set(NODES)
 
 
-@pytest.mark.skipif(
-    not reconciler_landed(),
-    reason="reconciler (issue 6) not landed: controlplane/celery.py does not exist, so nothing "
-    "releases the slices of deleted pods yet",
-)
 def test_deleting_a_pod_frees_its_slices(
     core: Any, namespace: str, tessera: objects.Tessera, node_tokens: dict[str, str]
 ) -> None:
