@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -20,9 +19,15 @@ NODE = "gpu-node-1"
 TOKEN = "node-token-gpu-node-1"
 
 
-def _die_with_parent() -> None:
-    """SIGTERM the plugin if the test process dies first (Linux prctl PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+# Run in the plugin's own process just before it becomes the plugin: SIGTERM it if the test
+# process dies first (Linux prctl PR_SET_PDEATHSIG, kept across execv). Not a preexec_fn: that
+# runs Python in the forked child of a process whose gRPC threads (the fake kubelet) are busy,
+# and gRPC's fork handlers then abort the child now and then before it ever runs the plugin.
+_DIE_WITH_PARENT_THEN_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'nodeplugin'])\n"
+)
 
 
 class PluginProcess:
@@ -67,12 +72,11 @@ class PluginProcess:
         }
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nodeplugin"],
+            [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC],
             cwd=REPO,
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
         )
 
     def text(self) -> str:
