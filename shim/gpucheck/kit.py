@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -51,6 +52,21 @@ SHARE_TARGETS = (30, 60)  # two containers on one card
 SHARE_RATIO_BAND = (1.5, 2.7)  # the 60 % container's throughput over the 30 % one's
 OVERHEAD_LIMIT = 0.01  # a training step may be at most 1 % slower with the shim
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+# How long a process may take to answer.  A driver-API process is on the card within a second
+# or two, one that imports PyTorch or CuPy within several (more from a cold disk).  Short enough
+# that a process the shim hangs costs its check, not the whole budget.
+DRIVER_TIMEOUT_S = 45.0
+FRAMEWORK_TIMEOUT_S = 90.0
+MIN_CUDA_VERSION = 12040  # the oldest cuda.h the shim is built against (CUDA 12.4)
+# Settings that change how PyTorch or CuPy allocate: a machine's own would make the checks
+# test something else, so the containers run without them (results.json says what was set).
+ALLOCATOR_ENV = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "CUPY_GPU_MEMORY_LIMIT",
+)
+NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 
 
 # ---- pure helpers (tests/shim/test_gpu_check.py) -------------------------------------------
@@ -81,6 +97,8 @@ def header_candidates(
             roots.append(Path(env[var]))
     if nvcc:
         roots.append(Path(nvcc).resolve().parent.parent)
+    if env.get("CONDA_PREFIX"):  # conda's cuda-* packages
+        roots.append(Path(env["CONDA_PREFIX"]))
     roots += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
     dirs: list[Path] = []
     for root in roots:
@@ -100,10 +118,25 @@ def header_candidates(
     return unique
 
 
+def header_version(path: Path, macro: str) -> int | None:
+    """The number a header #defines as `macro` (CUDA_VERSION, NVML_API_VERSION), if any."""
+    try:
+        m = re.search(rf"^#define\s+{macro}\s+(\d+)", path.read_text(errors="replace"), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
 def find_headers(candidates: Iterable[Path]) -> tuple[Path, Path]:
-    """The first cuda.h and the first nvml.h among the candidates (they may be apart)."""
+    """The first cuda.h and the first nvml.h among the candidates (they may be apart).  A cuda.h
+    older than the shim needs (an old distribution package in /usr/include, say) gives way to a
+    later candidate that is new enough."""
     cands = list(candidates)
-    cuda = next((d / "cuda.h" for d in cands if (d / "cuda.h").is_file()), None)
+    cudas = [d / "cuda.h" for d in cands if (d / "cuda.h").is_file()]
+    cuda = next(
+        (h for h in cudas if (header_version(h, "CUDA_VERSION") or 0) >= MIN_CUDA_VERSION),
+        cudas[0] if cudas else None,
+    )
     nvml = next((d / "nvml.h" for d in cands if (d / "nvml.h").is_file()), None)
     if cuda is None or nvml is None:
         missing = " and ".join(n for n, p in (("cuda.h", cuda), ("nvml.h", nvml)) if p is None)
@@ -134,14 +167,17 @@ def median(values: Sequence[float]) -> float:
 
 
 def parse_smi_csv(text: str) -> tuple[int, int]:
-    """``memory.total, memory.used`` from ``nvidia-smi --format=csv,noheader,nounits``, MiB."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    if len(lines) != 1:
-        raise ValueError(f"expected one line from nvidia-smi, got {len(lines)}: {text!r}")
-    parts = [p.strip() for p in lines[0].split(",")]
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"expected 'total, used' in MiB from nvidia-smi, got {lines[0]!r}")
-    return int(parts[0]), int(parts[1])
+    """``memory.total, memory.used`` from ``nvidia-smi --format=csv,noheader,nounits``, MiB.
+    nvidia-smi may put a warning (an infoROM, a driver mismatch) on stdout before the figures:
+    such lines are passed over, but there must be exactly one line of two numbers."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    rows = [ln for ln in lines if re.fullmatch(r"\d+\s*,\s*\d+", ln)]
+    if len(rows) != 1:
+        raise ValueError(
+            f"expected one line 'total, used' in MiB from nvidia-smi, got {len(rows)} in {text!r}"
+        )
+    total, used = (int(p) for p in rows[0].split(","))
+    return total, used
 
 
 def overhead_verdict(
@@ -227,8 +263,19 @@ class HostNvml:
             raise RuntimeError("nvmlDeviceGetMemoryInfo failed")
         return int(m.total)
 
+    def text(self, call: str, *args: Any) -> str:
+        """A string NVML gives (driver version...); "?" where this driver lacks the call."""
+        buf = ctypes.create_string_buffer(96)
+        fn = getattr(self.ml, call, None)
+        return buf.value.decode() if fn is not None and fn(*args, buf, 96) == 0 else "?"
+
+    def number(self, call: str, *args: Any) -> int | None:
+        value = ctypes.c_int()
+        fn = getattr(self.ml, call, None)
+        return value.value if fn is not None and fn(*args, ctypes.byref(value)) == 0 else None
+
     def processes(self, index: int) -> dict[int, int]:
-        """pid -> bytes NVML counts for it on the card."""
+        """pid -> bytes NVML counts for it on the card (-1 where NVML does not know)."""
         n = ctypes.c_uint(256)
         procs = (NvmlProcess * 256)()
         if (
@@ -238,11 +285,10 @@ class HostNvml:
             != 0
         ):
             raise RuntimeError("nvmlDeviceGetComputeRunningProcesses_v3 failed")
-        return {int(p.pid): int(p.usedGpuMemory) for p in procs[: n.value]}
-
-    def used_by(self, index: int, pids: Iterable[int]) -> int:
-        procs = self.processes(index)
-        return sum(procs.get(pid, 0) for pid in pids)
+        return {
+            int(p.pid): -1 if p.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(p.usedGpuMemory)
+            for p in procs[: n.value]
+        }
 
 
 # ---- running container processes ----------------------------------------------------------
@@ -263,12 +309,14 @@ class Worker:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.log.write(line)
+            with contextlib.suppress(ValueError):  # the log is closed once the kit gave up on us
+                self.log.write(line)
             if line.startswith("@@tessera "):
                 try:
                     self.lines.put(json.loads(line[len("@@tessera ") :]))
                 except json.JSONDecodeError:
-                    self.log.write("(the line above is not JSON)\n")
+                    with contextlib.suppress(ValueError):
+                        self.log.write("(the line above is not JSON)\n")
         self.lines.put(None)
 
     @property
@@ -296,6 +344,13 @@ class Worker:
                 res: dict[str, Any] = msg["result"]
                 return res
 
+    def go(self) -> None:
+        """Tell a rate role waiting with ``sync`` to start measuring."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.write("go\n")
+                self.proc.stdin.flush()
+
     def release(self) -> None:
         """Close stdin: a holding worker lets go and exits."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
@@ -303,18 +358,28 @@ class Worker:
                 self.proc.stdin.close()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the process and reap it.  A CUDA process's exit waits for the driver to tear
+        its context down (well under a second); one stuck in the driver past 10 s is left, said
+        in the log, rather than stopping the kit."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ValueError):
+                self.log.write(f"(kit: pid {self.proc.pid} still there 10 s after signal {sig})\n")
 
     def close(self) -> None:
+        """Let go, and make sure the process is gone; never raises, so that one stuck process
+        cannot keep the kit from its other checks and its table."""
         self.release()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.kill()
         self.reader.join(timeout=5)
-        self.log.close()
+        with contextlib.suppress(OSError):
+            self.log.close()
 
 
 class Skip(Exception):
@@ -341,25 +406,53 @@ class Kit:
         self.info: dict[str, Any] = {}
         self.unlimited_rate: float | None = None
         self.baseline: set[int] = set()  # pids on the card when the current check began
+        self.own_pids: bool | None = None  # whether NVML lists our workers by our pids
+        self.exclusive = False  # the card takes one process at a time
+        # Seconds a compute run works before it is measured: the limiter looks at NVML every
+        # 100 ms, but a card's per-process samples can come further apart than that.
+        self.warmup_s: float = (
+            float(opts.warmup_s) if opts.warmup_s is not None else 1.5 if self.fake else 4.0
+        )
 
     # -- set-up --
 
+    def python_path(self) -> list[str]:
+        """sys.path of the containers' interpreter (where PyTorch's nvidia-* packages are),
+        which --python may make another than this one."""
+        if Path(self.python).resolve() == Path(sys.executable).resolve():
+            return list(sys.path)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(  # noqa: S603 - the interpreter the user named
+                [self.python, "-c", "import sys; print('\\n'.join(sys.path))"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            if proc.returncode == 0:
+                return proc.stdout.splitlines() + list(sys.path)
+        return list(sys.path)
+
     def build(self) -> Result:
-        """The shim (and in fake mode the fake driver), with the best headers this machine has."""
+        """The shim (and in fake mode the fake driver), with the best headers this machine has.
+        On a GPU machine nothing is downloaded: the pinned wheels' headers when shim/.deps has
+        them, else the machine's own, always through INC= so that make never reaches for pip."""
         if self.lib is not None:
             return Result("build", PASS, str(self.lib), reason="--shim given: not built")
-        deps = SHIM_DIR / ".deps" / "include"
         make = ["make", "-s", "-C", str(SHIM_DIR)]
-        if self.fake or ((deps / "cuda.h").is_file() and (deps / "nvml.h").is_file()):
+        if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc"):
+            make.append("CC=gcc")  # images with gcc but no cc alternative
+        if self.fake:
             targets = ["build/libtessera.so"]
-            if self.fake:
-                targets += ["build/fake/libcuda.so.1", "build/fake/libnvidia-ml.so.1"]
+            targets += ["build/fake/libcuda.so.1", "build/fake/libnvidia-ml.so.1"]
             self.lib = SHIM_DIR / "build" / "libtessera.so"
             where = "the pinned wheels' headers (shim/.deps)"
             cmd = [*make, *targets, f"PYTHON={self.python}"]
+            data: dict[str, Any] = {}
         else:
+            deps = SHIM_DIR / ".deps" / "include"
             cuda_h, nvml_h = find_headers(
-                header_candidates(os.environ, sys.path, shutil.which("nvcc"))
+                [deps, *header_candidates(os.environ, self.python_path(), shutil.which("nvcc"))]
             )
             build = SHIM_DIR / "build" / "gpu"
             inc = build / "include"
@@ -368,17 +461,42 @@ class Kit:
                 link = inc / h.name
                 if link.is_symlink() or link.exists():
                     link.unlink()
-                link.symlink_to(h)
+                link.symlink_to(h.resolve())
             self.lib = build / "libtessera.so"
-            where = f"this machine's headers ({cuda_h}, {nvml_h})"
-            cmd = [*make, f"B={build}", f"INC={inc}", str(self.lib)]
+            data = {
+                "cuda_h": str(cuda_h),
+                "CUDA_VERSION": header_version(cuda_h, "CUDA_VERSION"),
+                "nvml_h": str(nvml_h),
+                "NVML_API_VERSION": header_version(nvml_h, "NVML_API_VERSION"),
+            }
+            origin = (
+                "the pinned wheels' headers"
+                if cuda_h.parent == nvml_h.parent == deps
+                else "this machine's headers"
+            )
+            where = (
+                f"{origin}: cuda.h (CUDA_VERSION {data['CUDA_VERSION']}) in {cuda_h.parent}, "
+                f"nvml.h in {nvml_h.parent}"
+            )
+            # -B: whatever a build folder carried here was built from other sources or headers.
+            # No -Werror: another compiler or header version may warn where ours did not, and
+            # a warning must not cost the one run on the card (build.log keeps them).
+            cmd = [*make, "-B", f"B={build}", f"INC={inc}", "WERROR=", str(self.lib)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)  # noqa: S603
-        (self.logs / "build.log").write_text(proc.stdout + proc.stderr)
+        (self.logs / "build.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
         if proc.returncode != 0:
             return Result(
-                "build", FAIL, reason=f"make failed (logs/build.log): {proc.stderr.strip()[-300:]}"
+                "build",
+                FAIL,
+                reason=f"make failed (logs/build.log; {where}): {proc.stderr.strip()[-300:]}",
+                data=data,
             )
-        return Result("build", PASS, str(self.lib.relative_to(SHIM_DIR.parent)), reason=where)
+        warnings = proc.stderr.count("warning:")
+        if warnings:
+            where += f"; {warnings} compiler warnings (logs/build.log)"
+        return Result(
+            "build", PASS, str(self.lib.relative_to(SHIM_DIR.parent)), reason=where, data=data
+        )
 
     def open_nvml(self) -> None:
         if self.fake:
@@ -389,13 +507,25 @@ class Kit:
             self.nvml = HostNvml("libnvidia-ml.so.1")
         self.uuid = self.nvml.uuid(self.gpu)
         busy = self.nvml.processes(self.gpu)
+        h = self.nvml.handle(self.gpu)
+        compute_mode = self.nvml.number("nvmlDeviceGetComputeMode", h)
+        self.exclusive = compute_mode == NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         self.info = {
             "card": self.nvml.name(self.gpu),
             "uuid": self.uuid,
             "card_mib": self.nvml.total(self.gpu) // MiB,
+            "driver": self.nvml.text("nvmlSystemGetDriverVersion"),
+            "driver_cuda": self.nvml.number("nvmlSystemGetCudaDriverVersion_v2"),
+            "compute_mode": compute_mode,
+            "persistence_mode": self.nvml.number("nvmlDeviceGetPersistenceMode", h),
             "other_processes_at_start": len(busy),
-            "python": sys.version.split()[0],
+            "python": f"{self.python} ({sys.version.split()[0]} runs the kit)",
             "machine": platform.node(),
+            "log_level": self.opts.log_level,
+            "cleared_from_the_containers": {
+                k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ
+            },
+            "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "(unset: lazy)"),
         }
 
     # -- containers --
@@ -406,9 +536,14 @@ class Kit:
         mem_mib: int | None = None,
         core_pct: int | None = None,
         preload: bool = True,
+        log_level: str | None = None,
     ) -> dict[str, str]:
         """A container's environment, as the node plugin gives it (one card: ordinal 0)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "LD_PRELOAD"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TESSERA_", "LD_PRELOAD")) and k not in ALLOCATOR_ENV
+        }
         region_dir = self.work / name
         region_dir.mkdir(exist_ok=True)
         env.update(
@@ -416,7 +551,7 @@ class Kit:
             NVIDIA_VISIBLE_DEVICES=self.uuid,
             CUDA_DEVICE_ORDER="PCI_BUS_ID",
             TESSERA_SHARED_REGION=str(region_dir / "region"),
-            TESSERA_LOG_LEVEL=self.opts.log_level,
+            TESSERA_LOG_LEVEL=log_level or self.opts.log_level,
             PYTHONUNBUFFERED="1",
         )
         if preload and not self.opts.no_preload:
@@ -468,17 +603,31 @@ class Kit:
     def host_used(self, workers: Sequence[Worker]) -> int:
         """What NVML counts for these workers.  Where the kit runs in a pid namespace NVML
         answers with host pids the kit cannot know: then it is what every process that appeared
-        on the card since the check began uses (checks run one at a time)."""
+        on the card since the check began uses (checks run one at a time).  Which of the two
+        is settled the first time a worker is on the card, and kept: later, when the workers
+        may be gone, an absent pid says nothing about it."""
         assert self.nvml is not None
         procs = self.nvml.processes(self.gpu)
         pids = [w.pid for w in workers]
-        if any(p in procs for p in pids):
-            self.info["nvml_pids"] = "the kit's own"
-            return sum(procs.get(p, 0) for p in pids)
-        fresh = [used for pid, used in procs.items() if pid not in self.baseline]
-        if fresh:
-            self.info["nvml_pids"] = "host pids (a pid namespace): new processes counted"
-        return sum(fresh)
+        if self.own_pids is None:
+            if any(p in procs for p in pids):
+                self.own_pids = True
+            elif any(p not in self.baseline for p in procs):
+                self.own_pids = False
+            self.info["nvml_pids"] = (
+                "not yet known"
+                if self.own_pids is None
+                else "the kit's own"
+                if self.own_pids
+                else "host pids (a pid namespace): new processes counted"
+            )
+        if self.own_pids:
+            used = [procs[p] for p in pids if p in procs]
+        else:
+            used = [u for pid, u in procs.items() if pid not in self.baseline]
+        if any(u < 0 for u in used):
+            raise RuntimeError("NVML does not give this card's per-process memory (N/A)")
+        return sum(used)
 
     def needs_real(self, what: str) -> None:
         if self.fake:
@@ -486,16 +635,35 @@ class Kit:
 
     # -- checks --
 
+    def until(self, w: Worker, event: str, timeout: float) -> dict[str, Any]:
+        """Wait for the worker's `event`; a result first (it could not get there) is the
+        check's Skip or error."""
+        while True:
+            msg = w.next(self.left(timeout))
+            if "result" in msg:
+                res = msg["result"]
+                if "missing" in res:
+                    raise Skip(f"{res['missing']} is not installed for {self.python}")
+                raise RuntimeError(res.get("error", f"finished without {event}"))
+            if msg.get("event") == event:
+                return msg
+
+    def needs_two_processes(self) -> None:
+        if self.exclusive:
+            raise Skip("the card is in EXCLUSIVE_PROCESS compute mode: one process at a time")
+
     def check_report(self, api: str) -> Result:
         if api != "driver":
             self.needs_real("PyTorch")
         s = self.opts.slice_mib * MiB
         res = self.outcome(
-            self.start(self.container(f"report-{api}", self.opts.slice_mib), "report", api), 120
+            self.start(self.container(f"report-{api}", self.opts.slice_mib), "report", api),
+            FRAMEWORK_TIMEOUT_S if api == "torch" else DRIVER_TIMEOUT_S,
         )
         ok = res["total"] == s and res["props_total"] == s and 0 <= res["free"] <= s
         what = (
-            "torch.cuda.mem_get_info / device properties"
+            f"torch.cuda.mem_get_info / device properties (torch {res.get('torch')}, "
+            f"CUDA {res.get('torch_cuda')})"
             if api == "torch"
             else "cuMemGetInfo / cuDeviceTotalMem"
         )
@@ -511,38 +679,36 @@ class Kit:
 
     def check_fill(self, api: str) -> list[Result]:
         """Allocate until refused: refused at the slice, and the card agrees (host NVML)."""
-        if api in ("torch", "cupy"):
-            self.needs_real("PyTorch" if api == "torch" else "CuPy")
+        framework = api in ("torch", "torch-async", "cupy")
+        if framework:
+            self.needs_real("CuPy" if api == "cupy" else "PyTorch")
         cap = (
             self.opts.slice_mib + 2048
         )  # never fill a whole card when nothing holds the process back
         w = self.start(
             self.container(f"fill-{api}", self.opts.slice_mib), "fill", api, BLOCK_MIB, cap
         )
-        while True:
-            msg = w.next(self.left(180))
-            if "result" in msg:
-                res = msg["result"]
-                if "missing" in res:
-                    raise Skip(f"{res['missing']} is not installed for {self.python}")
-                raise RuntimeError(res.get("error", "finished without holding"))
-            if msg.get("event") == "holding":
-                break
+        msg = self.until(w, "holding", FRAMEWORK_TIMEOUT_S if framework else DRIVER_TIMEOUT_S)
         time.sleep(0.2)  # NVML's figure for the process, after its last allocation
         used = self.host_used([w])
         w.release()
-        w.result(self.left(60))
+        w.result(self.left(30))
         lo, hi = fill_bounds(self.opts.slice_mib, BLOCK_MIB, TOLERANCE_MIB)
         oom_ok = bool(msg["oom"]) and within(used, lo, hi)
-        name = {"driver": "cuMemAlloc", "vmm": "cuMemCreate", "torch": "PyTorch", "cupy": "CuPy"}[
-            api
-        ]
-        data = {
+        name = {
+            "driver": "cuMemAlloc",
+            "vmm": "cuMemCreate",
+            "torch": "PyTorch",
+            "torch-async": "PyTorch, cudaMallocAsync",
+            "cupy": "CuPy",
+        }[api]
+        data: dict[str, Any] = {
             "allocated": msg["allocated"],
             "host_nvml_used": used,
             "oom": msg["oom"],
             "reported_free": msg["free"],
             "reported_total": msg["total"],
+            **{k: msg[k] for k in ("torch", "torch_cuda", "allocator") if k in msg},
         }
         refused = Result(
             f"out of memory at the slice ({name})",
@@ -578,14 +744,13 @@ class Kit:
             f"--id={self.uuid}",
         ]
         proc = subprocess.run(  # noqa: S603 - the nvidia-smi on PATH or the one given
-            argv, env=env, capture_output=True, text=True, timeout=self.left(60), check=False
+            argv, env=env, capture_output=True, text=True, timeout=self.left(30), check=False
         )
-        (self.logs / "nvidia-smi.log").write_text(proc.stdout + proc.stderr)
+        (self.logs / "nvidia-smi.log").write_text(" ".join(argv) + "\n" + proc.stdout + proc.stderr)
         holder.close()
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"nvidia-smi failed ({proc.returncode}): {proc.stderr.strip()[-200:]}"
-            )
+            said = (proc.stderr or proc.stdout).strip()[-200:]
+            raise RuntimeError(f"nvidia-smi failed ({proc.returncode}): {said}")
         total, used = parse_smi_csv(proc.stdout)
         ok = total == self.opts.slice_mib and abs(used - charged / MiB) <= 16
         return Result(
@@ -600,7 +765,7 @@ class Kit:
     def holding(self, env: dict[str, str], mib_: int) -> tuple[Worker, dict[str, Any]]:
         """A process of the container that holds `mib_` MiB, and what it sees then."""
         w = self.start(env, "hold", mib_)
-        msg = w.next(self.left(120))
+        msg = self.until(w, "holding", DRIVER_TIMEOUT_S)
         if not msg.get("ok"):
             raise RuntimeError(f"a process could not allocate {mib_} MiB: {msg}")
         return w, msg
@@ -608,11 +773,12 @@ class Kit:
     def check_two_processes(self) -> Result:
         """Two processes of one container share its slice: the second sees what the first left
         (its own context charged too), is refused more and admitted half of it."""
+        self.needs_two_processes()
         s = self.opts.slice_mib
         env = self.container("shared", s)
         holder, _ = self.holding(env, s * 6 // 10)
-        big = self.outcome(self.start(env, "alloc", f"free+{BLOCK_MIB}"), 120)
-        half = self.outcome(self.start(env, "alloc", "free/2"), 120)
+        big = self.outcome(self.start(env, "alloc", f"free+{BLOCK_MIB}"), DRIVER_TIMEOUT_S)
+        half = self.outcome(self.start(env, "alloc", "free/2"), DRIVER_TIMEOUT_S)
         holder.close()
         left = big["free_before"]
         ok = left <= s * MiB * 4 // 10 and not big["ok"] and half["ok"]
@@ -627,17 +793,19 @@ class Kit:
         )
 
     def check_sigkill(self) -> Result:
+        self.needs_two_processes()
         s = self.opts.slice_mib
         env = self.container("killed", s)
         holder, _ = self.holding(env, s * 8 // 10)
-        before = self.outcome(self.start(env, "alloc", s * 8 // 10), 120)
+        held = self.host_used([holder])  # also settles how NVML names our processes
+        before = self.outcome(self.start(env, "alloc", s * 8 // 10), DRIVER_TIMEOUT_S)
         holder.kill(signal.SIGKILL)
         # The driver frees a dead process's memory soon, not at once.
         gone, settle = self.host_used([holder]), time.monotonic() + 5.0
         while gone and time.monotonic() < settle:
             time.sleep(0.1)
             gone = self.host_used([holder])
-        after = self.outcome(self.start(env, "alloc", f"free-{BLOCK_MIB}"), 120)
+        after = self.outcome(self.start(env, "alloc", f"free-{BLOCK_MIB}"), DRIVER_TIMEOUT_S)
         returned = after["free_before"] >= s * MiB * 7 // 10  # all but a new context's share
         ok = not before["ok"] and after["ok"] and returned and gone == 0
         return Result(
@@ -647,30 +815,31 @@ class Kit:
             f"{mib(after['free_before'])} free, {'admitted' if after['ok'] else 'refused'}; "
             f"card after: {mib(gone)}",
             f"refused; then >= {s * 7 // 10} MiB free, admitted; 0 MiB",
-            "",
-            {"before": before, "after": after, "card_after_kill": gone},
+            f"the holder had {mib(held)} on the card",
+            {"before": before, "after": after, "card_held": held, "card_after_kill": gone},
         )
 
     def compute_role(self) -> tuple[str, str]:
         return ("launch", "kernels/s") if self.fake else ("matmul", "matmul/s")
 
+    def compute_timeout(self) -> float:
+        """A rate process: start-up, its warm-up and its measured seconds."""
+        return FRAMEWORK_TIMEOUT_S + self.warmup_s + float(self.opts.compute_s)
+
     def unlimited(self) -> float:
         if self.unlimited_rate is None:
             role, _ = self.compute_role()
-            res = self.outcome(
-                self.start(self.container("unlimited"), role, self.opts.compute_s), 120
-            )
-            self.unlimited_rate = float(res["rate"])
+            w = self.start(self.container("unlimited"), role, self.opts.compute_s, self.warmup_s)
+            self.unlimited_rate = float(self.outcome(w, self.compute_timeout())["rate"])
         return self.unlimited_rate
 
     def check_compute(self) -> Result:
         role, unit = self.compute_role()
         base = self.unlimited()
+        # debug: the logs then have the limiter's every step (utilisation seen, rate set)
+        env = self.container("core30", core_pct=COMPUTE_TARGET, log_level="debug")
         res = self.outcome(
-            self.start(
-                self.container("core30", core_pct=COMPUTE_TARGET), role, self.opts.compute_s
-            ),
-            120,
+            self.start(env, role, self.opts.compute_s, self.warmup_s), self.compute_timeout()
         )
         share = float(res["rate"]) / base
         return Result(
@@ -678,25 +847,45 @@ class Kit:
             PASS if within(share, *COMPUTE_BAND) else FAIL,
             f"{share:.0%} of unlimited ({res['rate']:.1f} vs {base:.1f} {unit})",
             f"{COMPUTE_BAND[0]:.0%}..{COMPUTE_BAND[1]:.0%}",
-            "PyTorch matmul loop" if role == "matmul" else "",
-            {"rate": res["rate"], "unlimited": base},
+            "PyTorch bf16 matmul 8192²" if role == "matmul" else "",
+            {"rate": res["rate"], "unlimited": base, "series": res.get("series")},
         )
 
     def check_share(self) -> Result:
+        """Two containers at once.  The second starts once the first has its context: a shim
+        in a pid namespace tells which NVML process it is by the pid that appeared across its
+        own context creation, and two creations at the same instant would leave both unnamed
+        (then each is held against the whole card's utilisation, which is another test).  Both
+        measure the same seconds: each warms up, then waits, still working, for the go."""
+        self.needs_two_processes()
         role, unit = self.compute_role()
         base = self.unlimited()
         a_pct, b_pct = SHARE_TARGETS
-        a = self.start(self.container("share-a", core_pct=a_pct), role, self.opts.compute_s)
-        b = self.start(self.container("share-b", core_pct=b_pct), role, self.opts.compute_s)
-        ra, rb = float(self.outcome(a, 120)["rate"]), float(self.outcome(b, 120)["rate"])
+        args = (self.opts.compute_s, self.warmup_s, "sync")
+        a = self.start(self.container("share-a", core_pct=a_pct, log_level="debug"), role, *args)
+        self.until(a, "context", FRAMEWORK_TIMEOUT_S)
+        b = self.start(self.container("share-b", core_pct=b_pct, log_level="debug"), role, *args)
+        self.until(a, "ready", self.warmup_s + 30)
+        self.until(b, "ready", self.compute_timeout())
+        a.go()
+        b.go()
+        wait = self.opts.compute_s + 30
+        res_a, res_b = self.outcome(a, wait), self.outcome(b, wait)
+        ra, rb = float(res_a["rate"]), float(res_b["rate"])
         ratio = rb / ra if ra > 0 else float("inf")
         return Result(
             f"two containers at {a_pct} % and {b_pct} % share one card",
             PASS if within(ratio, *SHARE_RATIO_BAND) else FAIL,
             f"{ra / base:.0%} and {rb / base:.0%} of unlimited (ratio {ratio:.2f})",
             f"ratio {SHARE_RATIO_BAND[0]}..{SHARE_RATIO_BAND[1]}",
-            f"{unit}, at the same time",
-            {"a": ra, "b": rb, "unlimited": base},
+            f"{unit}, over the same seconds",
+            {
+                "a": ra,
+                "b": rb,
+                "unlimited": base,
+                "series_a": res_a.get("series"),
+                "series_b": res_b.get("series"),
+            },
         )
 
     def check_overhead(self) -> Result:
@@ -706,12 +895,14 @@ class Kit:
             "shim, no limit": self.container("train-shim"),
             "shim, memory limit": self.container("train-mem", mem_mib=self.opts.train_slice_mib),
         }
+        names = list(configs)
         step_s: dict[str, list[float]] = {k: [] for k in configs}
-        for _ in range(
-            self.opts.overhead_rounds
-        ):  # side by side: each round runs every configuration
-            for name, env in configs.items():
-                res = self.outcome(self.start(env, "train", 3, 15), 180)
+        for r in range(self.opts.overhead_rounds):
+            # Side by side, and each round starts with another configuration: the card's clocks
+            # and temperature drift over the check, and a fixed order would charge the drift to
+            # whichever configuration always runs last.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                res = self.outcome(self.start(configs[name], "train", 3, 15), FRAMEWORK_TIMEOUT_S)
                 step_s[name] += res["step_s"]
         ok, slower = overhead_verdict(step_s, "no shim", OVERHEAD_LIMIT)
         base = median(step_s["no shim"])
@@ -733,6 +924,7 @@ class Kit:
             ("slice reported (torch)", lambda: self.check_report("torch")),
             ("fill (driver)", lambda: self.check_fill("driver")),
             ("fill (torch)", lambda: self.check_fill("torch")),
+            ("fill (torch-async)", lambda: self.check_fill("torch-async")),
             ("nvidia-smi inside reports the slice", self.check_nvidia_smi),
             ("two processes share one slice", self.check_two_processes),
             ("a SIGKILLed holder's memory returns", self.check_sigkill),
@@ -768,14 +960,14 @@ class Kit:
     def run(self) -> int:
         try:
             built = self.build()
-        except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-            built = Result("build", FAIL, reason=str(exc))
+        except Exception as exc:  # no headers, no make, a timeout: said in results.json
+            built = Result("build", FAIL, reason=f"{type(exc).__name__}: {exc}")
         self.record(built)
         if built.status != PASS:
             return 2
         try:
             self.open_nvml()
-        except (OSError, RuntimeError) as exc:
+        except Exception as exc:
             self.record(
                 Result(
                     "NVML on the host",
@@ -785,6 +977,7 @@ class Kit:
             )
             return 2
         only = {s.strip() for s in self.opts.only.split(",")} if self.opts.only else None
+        interrupted = False
         for name, check in self.checks():
             if only is not None and not any(o in name for o in only):
                 continue
@@ -795,6 +988,9 @@ class Kit:
                 results = check()
             except Skip as exc:
                 results = Result(name, SKIP, reason=str(exc))
+            except KeyboardInterrupt:  # SIGTERM too (main): stop, but leave the table
+                results = Result(name, FAIL, reason="interrupted: the checks after it did not run")
+                interrupted = True
             except Exception as exc:  # one check's failure must not stop the others
                 results = Result(name, FAIL, reason=f"{type(exc).__name__}: {exc}")
             finally:
@@ -804,6 +1000,8 @@ class Kit:
             for r in results if isinstance(results, list) else [results]:
                 r.seconds = round(time.monotonic() - t0, 1)
             self.record(results)
+            if interrupted:
+                break
         self.write()
         print()
         print(format_table(self.results))
@@ -830,6 +1028,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--compute-s", type=float, default=4.0, help="seconds each compute run is measured"
     )
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="seconds a compute run works before it is measured, while the limiter settles "
+        "(default 4 on a GPU, 1.5 on the fake driver)",
+    )
     p.add_argument("--overhead-rounds", type=int, default=3, help="rounds of the overhead check")
     p.add_argument("--budget-s", type=float, default=280.0, help="time budget for the whole kit")
     p.add_argument(
@@ -845,17 +1050,31 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--python", default="", help="interpreter for the container processes (default: this one)"
     )
-    p.add_argument("--log-level", default="warn", help="TESSERA_LOG_LEVEL of the containers")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        help="TESSERA_LOG_LEVEL of the containers (default info: the logs then say which NVML "
+        "process each one is and what it was refused; the compute-limited ones log at debug)",
+    )
     p.add_argument("--fake-card-mib", type=int, default=16384, help="size of the fake card")
     opts = p.parse_args(argv)
     if opts.slice_mib < 1024 or opts.slice_mib % BLOCK_MIB:
         p.error(f"--slice-mib must be at least 1024 and a multiple of {BLOCK_MIB}")
     if opts.budget_s <= 0 or opts.compute_s <= 0 or opts.overhead_rounds < 1:
         p.error("--budget-s and --compute-s must be positive, --overhead-rounds at least 1")
+    if opts.warmup_s is not None and opts.warmup_s < 0:
+        p.error("--warmup-s must not be negative")
     return opts
 
 
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str]) -> int:
+    # `timeout` sends SIGTERM: the running check's processes are then killed (they may hold
+    # the card) and the table still printed.
+    signal.signal(signal.SIGTERM, interrupt)
     return Kit(parse_args(argv)).run()
 
 

@@ -13,20 +13,27 @@ Roles:
   alloc   SIZE                one allocation through the driver API: admitted or refused; SIZE
                               is MiB, or free+MIB / free-MIB / free/2 (of what this process sees
                               free, its own context already charged)
-  matmul  SECONDS             matrix products through PyTorch: products per second
-  launch  SECONDS             kernel launches through the driver API (the fake card): per second
+  matmul  SECONDS WARMUP [sync]  matrix products through PyTorch: products per second
+  launch  SECONDS WARMUP [sync]  kernel launches through the driver API (the fake card): per second
   train   ROUNDS STEPS        a small transformer's training steps through PyTorch: seconds per step
 
-API: driver (the CUDA driver API through ctypes: what any program ends up calling), torch,
-cupy, or vmm (cuMemCreate, virtual memory management).  Only the standard library is needed
-for the driver-API roles; the others import PyTorch or CuPy and say so when they cannot.
+The rate roles emit ``context`` once their CUDA context exists and ``ready`` after WARMUP
+seconds; with ``sync`` they then keep working, unmeasured, until a line ``go`` (or the end)
+arrives on stdin, so that two of them measure the same seconds.
+
+API: driver (the CUDA driver API through ctypes: what any program ends up calling), torch
+(PyTorch's caching allocator), torch-async (PyTorch on cudaMallocAsync, the stream-ordered
+pools), cupy, or vmm (cuMemCreate, virtual memory management).  Only the standard library is
+needed for the driver-API roles; the others import PyTorch or CuPy and say so when they cannot.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -148,12 +155,25 @@ class Driver:
         self.check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
-def import_torch() -> Any:
+def import_torch(allocator: str = "native") -> Any:
+    # The allocator is chosen once, at PyTorch's first CUDA allocation, from this variable.
+    if allocator == "async":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("PyTorch sees no CUDA device")
     return torch
+
+
+def torch_versions(torch: Any) -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "allocator": torch.cuda.get_allocator_backend()
+        if hasattr(torch.cuda, "get_allocator_backend")
+        else "?",
+    }
 
 
 def import_cupy() -> Any:
@@ -169,7 +189,8 @@ def role_report(api: str) -> None:
     if api == "torch":
         torch = import_torch()
         free, total = torch.cuda.mem_get_info(0)
-        finish(free=free, total=total, props_total=torch.cuda.get_device_properties(0).total_memory)
+        props = torch.cuda.get_device_properties(0)
+        finish(free=free, total=total, props_total=props.total_memory, **torch_versions(torch))
     else:
         drv = Driver()
         free, total = drv.mem_info()
@@ -177,7 +198,11 @@ def role_report(api: str) -> None:
 
 
 def fill_with(
-    allocate: Callable[[], bool], block: int, cap: int, view: Callable[[], tuple[int, int]]
+    allocate: Callable[[], bool],
+    block: int,
+    cap: int,
+    view: Callable[[], tuple[int, int]],
+    **about: Any,
 ) -> None:
     held = 0
     oom = False
@@ -187,7 +212,7 @@ def fill_with(
             break
         held += block
     free, total = view()
-    emit(event="holding", allocated=held, oom=oom, free=free, total=total)
+    emit(event="holding", allocated=held, oom=oom, free=free, total=total, **about)
     wait_for_kit()
     finish(allocated=held, oom=oom)
 
@@ -195,8 +220,8 @@ def fill_with(
 def role_fill(api: str, block_mib: int, cap_mib: int) -> None:
     block, cap = block_mib * MiB, cap_mib * MiB
     keep: list[Any] = []
-    if api == "torch":
-        torch = import_torch()
+    if api in ("torch", "torch-async"):
+        torch = import_torch("async" if api == "torch-async" else "native")
         oom_error = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
         def torch_alloc() -> bool:
@@ -206,7 +231,9 @@ def role_fill(api: str, block_mib: int, cap_mib: int) -> None:
                 return False
             return True
 
-        fill_with(torch_alloc, block, cap, lambda: torch.cuda.mem_get_info(0))
+        fill_with(
+            torch_alloc, block, cap, lambda: torch.cuda.mem_get_info(0), **torch_versions(torch)
+        )
     elif api == "cupy":
         cupy = import_cupy()
 
@@ -214,6 +241,12 @@ def role_fill(api: str, block_mib: int, cap_mib: int) -> None:
             try:
                 keep.append(cupy.empty((block,), dtype=cupy.uint8))
             except cupy.cuda.memory.OutOfMemoryError:
+                return False
+            except cupy.cuda.runtime.CUDARuntimeError as exc:
+                # Where CuPy allocates without its pool, the runtime's
+                # cudaErrorMemoryAllocation (2) arrives as it is.
+                if getattr(exc, "status", None) != 2:
+                    raise
                 return False
             return True
 
@@ -265,23 +298,52 @@ def role_alloc(spec: str) -> None:
     finish(ok=code == CUDA_SUCCESS, code=code, free_before=free, asked=size)
 
 
-def timed_rate(step: Callable[[], int], seconds: float, warmup: float) -> float:
-    """Units of work per second over the last `seconds`, after `warmup` seconds (the limiter
-    settles in that time)."""
+def go_signal() -> threading.Event:
+    """Set when the kit writes ``go`` on stdin, or closes it."""
+    go = threading.Event()
+
+    def wait() -> None:
+        for line in sys.stdin:
+            if line.strip() == "go":
+                break
+        go.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return go
+
+
+def timed_rate(
+    step: Callable[[], int], seconds: float, warmup: float, sync: bool
+) -> tuple[float, list[float]]:
+    """Units of work per second over `seconds`, after `warmup` seconds (the limiter settles in
+    that time) and, with `sync`, after the kit says go; and the rate of each half second, so a
+    limiter still settling shows in the results."""
+    go = go_signal() if sync else None
     end_warmup = time.monotonic() + warmup
     while time.monotonic() < end_warmup:
         step()
+    emit(event="ready")
+    while go is not None and not go.is_set():
+        step()  # keep the card as busy as when measured: the other side may still be warming up
     done, start = 0, time.monotonic()
-    while time.monotonic() - start < seconds:
+    series: list[float] = []
+    mark, mark_done, now = start, 0, start
+    while now - start < seconds:
         done += step()
-    return done / (time.monotonic() - start)
+        now = time.monotonic()
+        if now - mark >= 0.5:
+            series.append(round((done - mark_done) / (now - mark), 1))
+            mark, mark_done = now, done
+    return done / (now - start), series
 
 
-def role_matmul(seconds: float) -> None:
+def role_matmul(seconds: float, warmup: float, sync: bool) -> None:
     torch = import_torch()
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    emit(event="context")
 
     def step() -> int:
         for _ in range(4):
@@ -289,11 +351,13 @@ def role_matmul(seconds: float) -> None:
         torch.cuda.synchronize()
         return 4
 
-    finish(rate=timed_rate(step, seconds, warmup=2.0), unit="matmul/s")
+    rate, series = timed_rate(step, seconds, warmup, sync)
+    finish(rate=rate, series=series, unit="matmul/s", **torch_versions(torch))
 
 
-def role_launch(seconds: float) -> None:
+def role_launch(seconds: float, warmup: float, sync: bool) -> None:
     drv = Driver()
+    emit(event="context")
 
     def step() -> int:
         for _ in range(4):
@@ -301,7 +365,8 @@ def role_launch(seconds: float) -> None:
         drv.synchronize()
         return 4
 
-    finish(rate=timed_rate(step, seconds, warmup=1.5), unit="kernels/s")
+    rate, series = timed_rate(step, seconds, warmup, sync)
+    finish(rate=rate, series=series, unit="kernels/s")
 
 
 def role_train(rounds: int, steps: int) -> None:
@@ -346,8 +411,12 @@ def main(argv: list[str]) -> int:
         "fill": lambda api, block, cap: role_fill(api, int(block), int(cap)),
         "hold": lambda mib: role_hold(int(mib)),
         "alloc": lambda spec: role_alloc(spec),
-        "matmul": lambda seconds: role_matmul(float(seconds)),
-        "launch": lambda seconds: role_launch(float(seconds)),
+        "matmul": lambda seconds, warmup, *sync: role_matmul(
+            float(seconds), float(warmup), sync == ("sync",)
+        ),
+        "launch": lambda seconds, warmup, *sync: role_launch(
+            float(seconds), float(warmup), sync == ("sync",)
+        ),
         "train": lambda rounds, steps: role_train(int(rounds), int(steps)),
     }
     if len(argv) < 2 or argv[1] not in roles:
