@@ -21,11 +21,14 @@ Environment variables (all optional):
   TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
   TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto from the ingress
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
+  TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
+                                 default-scheduler); pods naming any other are left alone
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -64,6 +67,19 @@ def env_int(name: str, default: int | None, *, low: int, high: int) -> int | Non
     if not low <= value <= high:
         raise ImproperlyConfigured(f"{name}={value}: expected a number from {low} to {high}")
     return value
+
+
+def env_names(name: str, default: str) -> tuple[str, ...]:
+    """A comma list of names (empty allowed), each a Kubernetes object name."""
+    raw = os.environ.get(name, default)
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for item in names:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", item):
+            raise ImproperlyConfigured(
+                f"{name}={raw!r}: {item!r} is not a Kubernetes name (lower-case letters, "
+                "digits, '-' and '.'; comma-separated)"
+            )
+    return names
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -340,6 +356,10 @@ TESSERA = {
     # sidecar). Off by default in production: ordinary replicas never answer the extender.
     "SERVE_EXTENDER": env_bool("TESSERA_SERVE_EXTENDER", not PRODUCTION),
     "SCHEDULER_NAME": env_str("TESSERA_SCHEDULER_NAME", "tessera-scheduler"),
+    # Schedulers whose GPU pods the webhook moves to Tessera's (besides pods that name none).
+    # A GPU pod naming any other scheduler (Volcano, KAI, ...) is left untouched, as HAMi does;
+    # empty: only pods that name no scheduler or Tessera's own.
+    "ADOPTED_SCHEDULERS": env_names("TESSERA_ADOPTED_SCHEDULERS", "default-scheduler"),
     # HMAC key for the allocation annotation (docs/allocation.md). Production reads the file;
     # the plain variable is for dev/test; with neither, dev generates .local/allocation.key.
     "ALLOCATION_KEY_FILE": env_str("TESSERA_ALLOCATION_KEY_FILE", ""),

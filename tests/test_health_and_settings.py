@@ -68,6 +68,8 @@ def test_defaults_are_embedded_and_sqlite(tmp_path) -> None:
         ({"TESSERA_KUBE_MODE": "kubeconfig", "KUBECONFIG": "/nonexistent"}, "KUBECONFIG"),
         ({"TESSERA_CSRF_TRUSTED_ORIGINS": "gpus.example.com"}, "https://gpus.example.com"),
         ({"TESSERA_BEHIND_TLS_PROXY": "maybe"}, "TESSERA_BEHIND_TLS_PROXY"),
+        ({"TESSERA_ADOPTED_SCHEDULERS": "default-scheduler,Volcano"}, "'Volcano' is not"),
+        ({"TESSERA_ADOPTED_SCHEDULERS": "a b"}, "TESSERA_ADOPTED_SCHEDULERS"),
     ],
 )
 def test_unsafe_or_bad_settings_are_refused_with_a_clear_message(tmp_path, env, message) -> None:

@@ -208,6 +208,7 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
             selectors.scheduling_config(),
             settings.TESSERA["SCHEDULER_NAME"],
             selectors.inventory_limits,
+            settings.TESSERA["ADOPTED_SCHEDULERS"],
         )
     except Exception:  # a webhook bug must not read as a verdict; failurePolicy decides
         log.exception("admission review %s failed", uid)

@@ -1,11 +1,14 @@
 """The mutating admission webhook's decision for one pod (DESIGN §4), as data.
 
-Pods that ask for a managed resource get `schedulerName: tessera-scheduler` (configurable) and
-`nvidia.com/gpu: 1` where a container gave only memory or cores. What can never run is refused
-with a sentence naming the field: a GPU request `parse_pod` refuses, privileged GPU containers
-(they see every GPU of the node, past any slice), a preset `spec.nodeName` (it skips the
-scheduler, so no slice would be reserved), a scheduler other than Tessera's, and asks larger
-than any registered card or node. Everything else passes untouched.
+A pod that names another scheduler than Tessera's or one Tessera adopts (`default-scheduler` by
+default) belongs to that scheduler (Volcano, KAI, ...) and passes untouched, unread, as HAMi
+leaves it: with `failurePolicy: Fail` a refusal here would break every batch scheduler that runs
+beside Tessera. The rest that ask for a managed resource get `schedulerName: tessera-scheduler`
+(configurable) and `nvidia.com/gpu: 1` where a container gave only memory or cores. What can
+never run is refused with a sentence naming the field: a GPU request `parse_pod` refuses,
+privileged GPU containers (they see every GPU of the node, past any slice), a preset
+`spec.nodeName` (it skips the scheduler, so no slice would be reserved), and asks larger than
+any registered card or node. Everything else passes untouched.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from controlplane.ledger.selectors import InventoryLimits
 from controlplane.scheduling import PodRequest, RequestError, SchedulingConfig, parse_pod
 
 DEFAULT_SCHEDULER = "default-scheduler"
+ADOPTED_BY_DEFAULT = (DEFAULT_SCHEDULER,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +50,20 @@ def review_pod(
     config: SchedulingConfig,
     scheduler_name: str,
     inventory: Callable[[], InventoryLimits],
+    adopted: tuple[str, ...] = ADOPTED_BY_DEFAULT,
 ) -> Admission:
     """Allow, allow with a JSONPatch, or deny with the reason (see module docstring)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    chosen = spec.get("schedulerName")
+    if chosen not in (None, "", scheduler_name) and chosen not in adopted:
+        return Admission(True)
     try:
         request = parse_pod(pod, config)
     except RequestError as exc:
         return _deny(exc.field, exc.message)
     if request is None:
         return Admission(True)
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
 
     node_name = spec.get("nodeName")
     if node_name:
@@ -64,13 +72,6 @@ def review_pod(
             f"is preset to {node_name!r} on a pod that asks for GPU slices; Tessera must choose "
             "the node and the cards. Remove spec.nodeName (use a nodeSelector or node affinity "
             "to constrain where it runs).",
-        )
-    chosen = spec.get("schedulerName")
-    if chosen not in (None, "", DEFAULT_SCHEDULER, scheduler_name):
-        return _deny(
-            "spec.schedulerName",
-            f"is {chosen!r}; pods that ask for GPU slices are placed by {scheduler_name!r}. "
-            "Remove schedulerName or set it to that.",
         )
     denial = _check_containers(pod, spec, request, config)
     if denial is not None:

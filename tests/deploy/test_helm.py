@@ -202,6 +202,16 @@ def test_scheduler_extender_stanza_matches_the_resource_names(
         assert name not in expression
 
 
+def test_the_schedulers_tessera_adopts_reach_the_webhook() -> None:
+    def adopted(docs: list[dict[str, Any]]) -> set[str]:
+        return {env_of(c)["TESSERA_ADOPTED_SCHEDULERS"] for _, c in tessera_containers(docs)}
+
+    assert adopted(render()) == {"default-scheduler"}
+    assert adopted(render(sets=("scheduler.adopt={default-scheduler,volcano}",))) == {
+        "default-scheduler,volcano"
+    }
+
+
 def test_scheduler_profile_is_the_reviewed_one_in_deploy_scheduler() -> None:
     """The chart's extender stanza is deploy/scheduler/scheduler-config.yaml's, field for field."""
     reviewed = yaml.safe_load((ROOT / "deploy/scheduler/scheduler-config.yaml").read_text())

@@ -111,7 +111,6 @@ def test_updates_and_other_kinds_pass(client) -> None:
         (lambda p: p["spec"]["containers"][0].update(securityContext={"privileged": True}),
          "securityContext.privileged"),
         (lambda p: p["spec"].update(nodeName="n1"), "spec.nodeName"),
-        (lambda p: p["spec"].update(schedulerName="volcano"), "spec.schedulerName"),
         (lambda p: p["spec"]["containers"][0]["resources"]["limits"].update(
             {"nvidia.com/gpumem": "90000"}), "largest registered card has 81920 MiB"),
         (lambda p: p["spec"]["containers"][0]["resources"]["limits"].update(
@@ -150,3 +149,41 @@ def test_privileged_container_without_gpus_is_not_our_business(client) -> None:
 def test_malformed_reviews_are_a_400(client, body, needle) -> None:
     response = client.post("/webhook/mutate", data=body, content_type="application/json")
     assert response.status_code == 400 and needle in response.json()["error"]
+
+
+@pytest.mark.parametrize("scheduler", ["volcano", "kai-scheduler", "default-scheduler-2"])
+def test_a_gpu_pod_for_another_scheduler_passes_untouched_and_unread(client, scheduler) -> None:
+    """Another scheduler's GPU pod is that scheduler's business, even one Tessera would refuse:
+    with failurePolicy Fail a denial here would break every batch scheduler beside Tessera."""
+    make_node("n1", cards=2, memory_mib=81920)
+    pod = gpu_pod()
+    pod["spec"]["schedulerName"] = scheduler
+    pod["spec"]["nodeName"] = "n1"
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "-5"
+    assert mutate(client, pod) == {"uid": "705ab4f5-6393", "allowed": True}
+
+
+def test_default_scheduler_pods_are_adopted_unless_the_operator_says_not(client, settings) -> None:
+    pod = gpu_pod()
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    patched = apply_patch(pod, mutate(client, pod))
+    assert patched["spec"]["schedulerName"] == "tessera-scheduler"
+
+    settings.TESSERA = {**settings.TESSERA, "ADOPTED_SCHEDULERS": ()}
+    assert mutate(client, pod) == {"uid": "705ab4f5-6393", "allowed": True}
+    # A pod that names no scheduler, or Tessera's own, is still Tessera's.
+    del pod["spec"]["schedulerName"]
+    patched = apply_patch(pod, mutate(client, pod))
+    assert patched["spec"]["schedulerName"] == "tessera-scheduler"
+    pod["spec"]["schedulerName"] = "tessera-scheduler"
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    assert mutate(client, pod)["allowed"] is False
+
+
+def test_an_adopted_batch_scheduler_hands_its_gpu_pods_to_tessera(client, settings) -> None:
+    settings.TESSERA = {**settings.TESSERA, "ADOPTED_SCHEDULERS": ("default-scheduler", "volcano")}
+    pod = gpu_pod()
+    pod["spec"]["schedulerName"] = "volcano"
+    patched = apply_patch(pod, mutate(client, pod))
+    assert patched["spec"]["schedulerName"] == "tessera-scheduler"
