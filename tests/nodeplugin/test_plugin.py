@@ -486,6 +486,56 @@ def test_init_containers_get_their_own_limits(short_tmp: Path) -> None:
     run(main)
 
 
+def test_task_priority_reaches_the_container_environment(short_tmp: Path) -> None:
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            k, plane = node.kubelet, node.plane
+            u = node.uuids
+            pod, _ = bind_pod(
+                plane,
+                "mixed",
+                [
+                    ("serve", False, [(u[0], 1000, 50)]),
+                    ("batch", False, [(u[1], 1000, 50)]),
+                    ("plain", False, [(u[2], 1000, 50)]),
+                ],
+                priorities={"serve": 0, "batch": 1},
+            )
+            await k.admit(pod)
+            for c in ("serve", "batch", "plain"):
+                await k.start_container(pod, c)
+            envs = {
+                c: spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(pod, c))) for c in pod.responses
+            }
+            assert envs["serve"]["TESSERA_TASK_PRIORITY"] == "0"
+            assert envs["batch"]["TESSERA_TASK_PRIORITY"] == "1"
+            assert "TESSERA_TASK_PRIORITY" not in envs["plain"]
+            owners = {
+                o["container"]: o
+                for o in (
+                    json.loads(p.read_text()) for p in (node.plugin.state_dir / "owners").iterdir()
+                )
+            }
+            assert {c: o["priority"] for c, o in owners.items()} == {
+                "serve": 0,
+                "batch": 1,
+                "plain": None,
+            }
+            # a record with a priority the plugin does not know is refused, naming the field
+            bad, _ = bind_pod(
+                plane, "too-low", [("app", False, [(u[3], 100, 0)])], priorities={"app": 2}
+            )
+            await k.admit(bad)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.start_container(bad, "app")
+            assert "containers[0].priority=2 is not 0..1" in (err.value.details() or "")
+            assert not (
+                node.plugin.cdi_dir / f"tessera.io_gpu-{cdi_name(bad, 'app').split('=')[1]}.json"
+            ).exists()
+
+    run(main)
+
+
 def test_host_path_mode_without_cdi(short_tmp: Path) -> None:
     async def main() -> None:
         async with fake_node(short_tmp, TESSERA_DEVICE_MODE="paths") as node:
