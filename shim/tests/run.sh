@@ -268,7 +268,7 @@ struct.pack_into("<QII", data, 0, 0x3141524553534554, 99, 64)
 open(sys.argv[1], "wb").write(data)' "$T/v99" || return 1
     cp "$T/v99" "$T/v99.orig"
     shim TESSERA_SHARED_REGION="$T/v99" "$B/t_proc" alloc 2000 oom 2>"$T/err" &&
-        expect_err "is a version 99 region, this shim uses version 1; it is left as it is" &&
+        expect_err "is a version 99 region, this shim uses version 2; it is left as it is" &&
         cmp "$T/v99" "$T/v99.orig"
 }
 t "region from another version: message, untouched, per-process limit" other_version
@@ -282,7 +282,7 @@ interrupted_creation() {
     head -c 12864 /dev/zero >"$REGION" # sized, header never written: its creator died
     shim "$B/t_proc" alloc 600 ok && shim "$B/t_proc" report 1024 1024 &&
         "$PY" -c 'import struct, sys; m, v = struct.unpack_from("<QI", open(sys.argv[1], "rb").read());
-sys.exit(0 if (m, v) == (0x3141524553534554, 1) else 1)' "$REGION"
+sys.exit(0 if (m, v) == (0x3141524553534554, 2) else 1)' "$REGION"
 }
 t "a region whose creator died half-way is finished and used" interrupted_creation
 device_out_of_range() {
