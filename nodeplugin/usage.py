@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,8 @@ class Owner:
     namespace: str
     pod: str
     container: str
-    uuids: tuple[str, ...]
+    uuids: tuple[str, ...]  # by device ordinal inside the container
+    priority: int | None = None  # the record's task priority; None when the pod asked none
 
 
 @dataclass(frozen=True)
@@ -41,20 +43,28 @@ class ContainerUsage:
     error: str  # '' when the snapshot is good, 'absent' when no region yet
 
 
+def read_owner(path: Path) -> Owner:
+    """One owner record (written by :class:`nodeplugin.writer.Writer`); raises OSError,
+    ValueError, KeyError or TypeError when it is unreadable."""
+    d = json.loads(path.read_bytes())
+    priority = d.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise TypeError(f"priority {priority!r} is not an integer")
+    return Owner(
+        str(d["name"]),
+        str(d["namespace"]),
+        str(d["pod"]),
+        str(d["container"]),
+        tuple(str(x["uuid"]) for x in d["devices"]),
+        priority,
+    )
+
+
 def owners(state_dir: Path) -> list[Owner]:
     out: list[Owner] = []
     for path in sorted((state_dir / "owners").glob("*.json")):
         try:
-            d = json.loads(path.read_bytes())
-            out.append(
-                Owner(
-                    str(d["name"]),
-                    str(d["namespace"]),
-                    str(d["pod"]),
-                    str(d["container"]),
-                    tuple(str(x["uuid"]) for x in d["devices"]),
-                )
-            )
+            out.append(read_owner(path))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.error("owner record %s is unreadable (%s); skipped", path, exc)
     return out
@@ -109,6 +119,13 @@ class UsageCollector(Collector):
             "The container's memory limit on a card (0 = none)",
             labels=labels,
         )
+        held = GaugeMetricFamily(
+            "tessera_container_gpu_launches_held",
+            "1 while the container's kernel launches on a card are held for a higher-priority "
+            "container on it (task priority; containers with a priority only)",
+            labels=labels,
+        )
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         bad = GaugeMetricFamily(
             "tessera_container_region_unreadable",
             "1 when the container's shared region exists but is truncated or garbage",
@@ -120,11 +137,14 @@ class UsageCollector(Collector):
             bad.add_metric([o.namespace, o.pod, o.container], 1.0 if unreadable else 0.0)
             if u.snapshot is None:
                 continue
+            holding = u.snapshot.hold_mask if u.snapshot.hold_until_ns > now else 0
             for i, uuid in enumerate(o.uuids):
+                values = [o.namespace, o.pod, o.container, uuid, str(i)]
+                if o.priority is not None:
+                    held.add_metric(values, float(holding >> i & 1))
                 dev = u.snapshot.device(i)
                 if dev is None:
                     continue
-                values = [o.namespace, o.pod, o.container, uuid, str(i)]
                 used.add_metric(values, float(dev.used_bytes))
                 limit.add_metric(values, float(dev.limit_bytes))
         healthy = GaugeMetricFamily(
@@ -136,4 +156,4 @@ class UsageCollector(Collector):
             healthy.add_metric(
                 [card.uuid, str(card.index), health.reason], 1.0 if health.healthy else 0.0
             )
-        yield from (used, limit, bad, healthy)
+        yield from (used, limit, held, bad, healthy)
