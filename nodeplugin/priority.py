@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeplugin.edits import REGION_FILE
+from nodeplugin.owners import Owner, read_owner
 from nodeplugin.shared_region import REGION_SIZE, RegionError, RegionHead, read_head, write_hold
-from nodeplugin.usage import Owner, read_owner
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ logged once per name and problem; it never stops the scrape or the plugin.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,19 +20,10 @@ from prometheus_client.registry import Collector
 
 from nodeplugin.cards import Card, Health
 from nodeplugin.edits import REGION_FILE
+from nodeplugin.owners import Owner, owners
 from nodeplugin.shared_region import RegionError, RegionSnapshot, read_region
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Owner:
-    name: str
-    namespace: str
-    pod: str
-    container: str
-    uuids: tuple[str, ...]  # by device ordinal inside the container
-    priority: int | None = None  # the record's task priority; None when the pod asked none
 
 
 @dataclass(frozen=True)
@@ -41,33 +31,6 @@ class ContainerUsage:
     owner: Owner
     snapshot: RegionSnapshot | None
     error: str  # '' when the snapshot is good, 'absent' when no region yet
-
-
-def read_owner(path: Path) -> Owner:
-    """One owner record (written by :class:`nodeplugin.writer.Writer`); raises OSError,
-    ValueError, KeyError or TypeError when it is unreadable."""
-    d = json.loads(path.read_bytes())
-    priority = d.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise TypeError(f"priority {priority!r} is not an integer")
-    return Owner(
-        str(d["name"]),
-        str(d["namespace"]),
-        str(d["pod"]),
-        str(d["container"]),
-        tuple(str(x["uuid"]) for x in d["devices"]),
-        priority,
-    )
-
-
-def owners(state_dir: Path) -> list[Owner]:
-    out: list[Owner] = []
-    for path in sorted((state_dir / "owners").glob("*.json")):
-        try:
-            out.append(read_owner(path))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.error("owner record %s is unreadable (%s); skipped", path, exc)
-    return out
 
 
 def read_usage(owner: Owner, region_dir: Path) -> ContainerUsage:

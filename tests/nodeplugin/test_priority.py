@@ -13,8 +13,8 @@ from nodeplugin import edits
 from nodeplugin import shared_region as sr
 from nodeplugin.allocation import ContainerAllocation, SliceDevice
 from nodeplugin.cards import Card
+from nodeplugin.owners import Owner
 from nodeplugin.priority import LEASE_POLLS, Activity, PriorityMonitor, holds
-from nodeplugin.usage import Owner
 from nodeplugin.writer import Writer
 
 MS = 1_000_000
