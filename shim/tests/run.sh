@@ -249,6 +249,14 @@ priority_only() {
 }
 t "a priority alone (no limit) is honoured" priority_only
 
+echo "== task priority across containers: real shims, the node plugin's monitor"
+t "a low-priority container yields while a high one on its card is busy, and resumes" \
+    "$PY" tests/t_priority_cards.py yield
+t "a high-priority container is never held for low-priority work" "$PY" tests/t_priority_cards.py high
+t "containers on different cards do not hold each other" "$PY" tests/t_priority_cards.py cards
+t "a dead monitor's hold runs out" "$PY" tests/t_priority_cards.py stale
+t "a container without a priority takes no part" "$PY" tests/t_priority_cards.py unset
+
 echo "== bad settings: a message at load, a safe behaviour, never a crash"
 bad_number() {
     shim TESSERA_DEVICE_MEMORY_LIMIT_0=abc "$B/t_proc" alloc 2000 ok 2>"$T/err" &&
