@@ -3,10 +3,10 @@
  *
  * With neither a compute limit nor a task priority a launch costs one
  * well-predicted branch on tessera_launch_on.  A priority may hold the launch
- * first (priority.c).  With a compute limit, each launch takes a token from the device's
- * limiter (limiter.c); a background thread, started on the first limited
- * launch, samples NVML utilisation every TESSERA_POLL_MS and adjusts the
- * refill rate.  The sample is this process's own share of the card when NVML
+ * first (priority.c).  With a compute limit, each launch takes a token from
+ * the device's limiter (limiter.c); a background thread, started on the first
+ * limited launch, samples NVML utilisation every TESSERA_POLL_MS and adjusts
+ * the refill rate.  The sample is this process's own share of the card when NVML
  * can name the process (per-process samples, drivermem.c learns the host pid),
  * so other tenants' work does not count against it; else the whole card's.
  */
