@@ -18,6 +18,8 @@ SIGNATURE_ANNOTATION = "tessera.io/allocation-signature"
 SIGNATURE_PREFIX = "v1:"
 MAX_RECORD_BYTES = 64 * 1024
 MAX_DEVICES = 16  # the shim's TESSERA_MAX_DEVICES
+# HAMi's nvidia.com/priority: 0 is high, 1 is low (a lower number is a higher priority).
+MIN_PRIORITY, MAX_PRIORITY = 0, 1
 
 
 class AllocationError(ValueError):
@@ -37,6 +39,7 @@ class ContainerAllocation:
     index: int
     init: bool
     devices: tuple[SliceDevice, ...]
+    priority: int | None = None  # None: the pod did not ask for nvidia.com/priority
 
     @property
     def card_set(self) -> frozenset[str]:
@@ -121,7 +124,15 @@ def parse(data: Any) -> Allocation:
             )
         if index < 0:
             raise AllocationError(f"allocation record: {where}index must be ≥ 0")
-        containers.append(ContainerAllocation(name, index, init, tuple(devices)))
+        priority = None
+        if "priority" in c:
+            priority = _field(c, "priority", int, where)
+            if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+                raise AllocationError(
+                    f"allocation record: {where}priority={priority} is not "
+                    f"{MIN_PRIORITY}..{MAX_PRIORITY} (0 = high, 1 = low)"
+                )
+        containers.append(ContainerAllocation(name, index, init, tuple(devices), priority))
     strings = {k: _field(data, k, str, "") for k in ("pod_uid", "namespace", "name", "node")}
     for k, value in strings.items():
         if not value:

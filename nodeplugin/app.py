@@ -26,6 +26,7 @@ from nodeplugin.kubeapi import KubeApi
 from nodeplugin.nvml import HealthMonitor, Nvml
 from nodeplugin.pb import dp
 from nodeplugin.podresources import PodResources, PodResourcesError
+from nodeplugin.priority import PriorityMonitor
 from nodeplugin.registry import Registry
 from nodeplugin.rpc import (
     API_VERSION,
@@ -126,6 +127,12 @@ class Plugin:
         )
         self.server: grpc.aio.Server | None = None
         self.monitor: HealthMonitor | None = None
+        self.priority = PriorityMonitor(
+            settings.state_dir,
+            settings.region_dir,
+            settings.priority_poll_s,
+            settings.priority_busy_s,
+        )
         self._report_now = asyncio.Event()
         self.registrations = 0
         self._socket_inode: tuple[int, int] | None = None  # the socket file this process made
@@ -294,6 +301,14 @@ class Plugin:
                 self.names.remove(digest)
                 log.info("gc: released %s", ",".join(record_ids))
 
+    async def priority_loop(self) -> None:
+        """Task priority: who holds their launches on which card, level-based every poll (a
+        restarted plugin puts right whatever its predecessor left)."""
+        while not self.stopping.is_set():
+            self.priority.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.s.priority_poll_s)
+
     def start_metrics(self) -> None:
         if not self.s.metrics_port:
             return
@@ -330,12 +345,14 @@ class Plugin:
             asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
             asyncio.create_task(self.report_loop(), name="report"),
             asyncio.create_task(self.gc_loop(), name="gc"),
+            asyncio.create_task(self.priority_loop(), name="priority"),
         ]
         await self.stopping.wait()
         log.info("stopping")
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.priority.release_all()
         await self.stop_server(2.0)
         await self.podres.close()
         if self.monitor is not None:

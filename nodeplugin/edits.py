@@ -36,6 +36,7 @@ class ContainerPlan:
     pod: str = ""
     pod_uid: str = ""
     container: str = ""
+    priority: int | None = None  # the record's task priority; None when the pod asked none
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ def make_plan(
                 "does not have"
             )
         devices.append(PlanDevice(card, d.memory_mib, d.cores))
-    return ContainerPlan(name, tuple(devices), namespace, pod, pod_uid, container.name)
+    return ContainerPlan(
+        name, tuple(devices), namespace, pod, pod_uid, container.name, container.priority
+    )
 
 
 def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
@@ -95,6 +98,12 @@ def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
         env[f"TESSERA_DEVICE_MEMORY_LIMIT_{i}"] = str(d.memory_mib)
         env[f"TESSERA_DEVICE_CORE_LIMIT_{i}"] = str(d.cores)
     return env
+
+
+def priority_env(priority: int | None) -> dict[str, str]:
+    """``TESSERA_TASK_PRIORITY`` only when the pod asked for one: without it the shim behaves
+    exactly as it does for every other container."""
+    return {} if priority is None else {"TESSERA_TASK_PRIORITY": str(priority)}
 
 
 def visible_env(cards: Sequence[Card]) -> dict[str, str]:
@@ -117,6 +126,7 @@ def container_env(plan: ContainerPlan, layout: Layout) -> dict[str, str]:
     env = {
         **visible_env([d.card for d in plan.devices]),
         **limit_env(plan.devices),
+        **priority_env(plan.priority),
         "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
         "TESSERA_ALLOCATION": plan.name,
     }
@@ -241,7 +251,7 @@ def paths_config(plan: ContainerPlan, layout: Layout) -> str:
     """The ``TESSERA_CONFIG`` file for host-path mode: limits in the index order Allocate fixed."""
     by_uuid = {d.card.uuid: d for d in plan.devices}
     ordered = [by_uuid[c.uuid] for c in paths_order([d.card for d in plan.devices])]
-    env = limit_env(ordered)
+    env = {**limit_env(ordered), **priority_env(plan.priority)}
     env["TESSERA_SHARED_REGION"] = f"{layout.region_container_dir}/{REGION_FILE}"
     if layout.container_log_level:
         env["TESSERA_LOG_LEVEL"] = layout.container_log_level

@@ -9,16 +9,27 @@ Reading needs no lock: the shim updates naturally aligned 64-bit counters atomic
 snapshot is a plain copy of the file.  A process slot whose owner died keeps its count until
 a process of the container next needs the room (the shim reclaims it then); the plugin, in
 another pid namespace, cannot tell, so it reports slots as they are.
+
+Two fields are the plugin's to write, no one else's: ``hold_mask`` and ``hold_until_ns`` (task
+priority, :mod:`nodeplugin.priority`).  They are written with ``pwrite`` of one aligned word
+each, never through a mapping: the file lives in a directory the container can write, and a
+mapping of a file the container truncates would kill the plugin with SIGBUS.
+
+Version 2 gave names to words version 1 kept reserved (zero), at the same offsets and size, so
+a version 1 region (a container started before an upgrade) still reads: it counts no launches
+and is never asked to hold.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import struct
 from dataclasses import dataclass
 
 REGION_MAGIC = 0x3141524553534554  # b"TESSERA1", little-endian
-REGION_VERSION = 1
+REGION_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # the same layout; 1 has no launch counts and cannot be held
 MAX_DEVICES = 16
 MAX_PROCS = 64
 
@@ -34,9 +45,10 @@ class RegionHeader(ctypes.Structure):
         ("max_devices", ctypes.c_uint32),
         ("max_procs", ctypes.c_uint32),
         ("proc_hwm", ctypes.c_uint32),
-        ("_pad0", ctypes.c_uint32),
+        ("hold_mask", ctypes.c_uint32),
         ("created_unix_ns", ctypes.c_uint64),
-        ("_reserved", ctypes.c_uint8 * 16),
+        ("hold_until_ns", ctypes.c_uint64),
+        ("_reserved", ctypes.c_uint8 * 8),
     ]
 
 
@@ -48,7 +60,7 @@ class RegionDevice(ctypes.Structure):
         ("card_total_bytes", ctypes.c_uint64),
         ("core_limit_pct", ctypes.c_uint32),
         ("_pad0", ctypes.c_uint32),
-        ("_reserved", ctypes.c_uint64),
+        ("launches", ctypes.c_uint64),
     ]
 
 
@@ -75,6 +87,10 @@ class Region(ctypes.Structure):
 
 
 REGION_SIZE = ctypes.sizeof(Region)
+# The header and the devices: all a look at launches and holds needs to read.
+HEAD_SIZE = ctypes.sizeof(RegionHeader) + MAX_DEVICES * ctypes.sizeof(RegionDevice)
+HOLD_MASK_OFFSET: int = RegionHeader.hold_mask.offset
+HOLD_UNTIL_OFFSET: int = RegionHeader.hold_until_ns.offset
 
 
 class RegionError(ValueError):
@@ -90,6 +106,7 @@ class DeviceUsage:
     card_total_bytes: int  # 0 = not yet known (no process has initialised CUDA)
     core_limit_pct: int  # 0 = no compute limit
     used_bytes: int  # sum over the process slots
+    launches: int = 0  # kernel launches so far (counted only with a task priority)
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,8 @@ class RegionSnapshot:
     created_unix_ns: int
     devices: tuple[DeviceUsage, ...]  # devices with a limit, a known card or any usage
     processes: tuple[ProcessUsage, ...]
+    hold_mask: int = 0  # bit i: the plugin asks the container to hold launches on device i
+    hold_until_ns: int = 0  # CLOCK_MONOTONIC; the mask counts only until then
 
     def device(self, index: int) -> DeviceUsage | None:
         """The entry for device ``index``, or None when the region says nothing about it."""
@@ -119,21 +138,31 @@ class RegionSnapshot:
         return None
 
 
-def parse_region(data: bytes) -> RegionSnapshot:
-    """Decode the bytes of a region file; raises RegionError when they are not one."""
+def _check_header(data: bytes, size: int) -> RegionHeader:
+    """The header of ``data``, a whole region (``size`` bytes) or its head; RegionError when
+    it is not one this reader knows."""
     if len(data) < ctypes.sizeof(RegionHeader):
         raise RegionError(f"{len(data)} bytes is too short for a region header")
     hdr = RegionHeader.from_buffer_copy(data[: ctypes.sizeof(RegionHeader)])
     if int(hdr.magic) != REGION_MAGIC:
         raise RegionError(f"bad magic {int(hdr.magic):#x}, want {REGION_MAGIC:#x}")
-    if int(hdr.version) != REGION_VERSION:
-        raise RegionError(f"region version {int(hdr.version)}, this reader knows {REGION_VERSION}")
-    if len(data) != REGION_SIZE or int(hdr.region_size) != REGION_SIZE:
+    if int(hdr.version) not in READABLE_VERSIONS:
+        raise RegionError(
+            f"region version {int(hdr.version)}, this reader knows "
+            + " and ".join(str(v) for v in READABLE_VERSIONS)
+        )
+    if len(data) != size or int(hdr.region_size) != REGION_SIZE:
         raise RegionError(
             f"region is {len(data)} bytes (header says {int(hdr.region_size)}), want {REGION_SIZE}"
         )
     if int(hdr.max_devices) != MAX_DEVICES or int(hdr.max_procs) != MAX_PROCS:
         raise RegionError("region was built for other device or process counts")
+    return hdr
+
+
+def parse_region(data: bytes) -> RegionSnapshot:
+    """Decode the bytes of a region file; raises RegionError when they are not one."""
+    _check_header(data, REGION_SIZE)
     region = Region.from_buffer_copy(data)
     hwm = min(int(region.hdr.proc_hwm), MAX_PROCS)
     processes = []
@@ -153,12 +182,13 @@ def parse_region(data: bytes) -> RegionSnapshot:
     for index in range(MAX_DEVICES):
         dev = region.dev[index]
         used = sum(p.used_bytes[index] for p in processes)
-        limit, total, core = (
+        limit, total, core, launches = (
             int(dev.mem_limit_bytes),
             int(dev.card_total_bytes),
             int(dev.core_limit_pct),
+            int(dev.launches),
         )
-        if limit or total or core or used:
+        if limit or total or core or used or launches:
             devices.append(
                 DeviceUsage(
                     index=index,
@@ -166,6 +196,7 @@ def parse_region(data: bytes) -> RegionSnapshot:
                     card_total_bytes=total,
                     core_limit_pct=core,
                     used_bytes=used,
+                    launches=launches,
                 )
             )
     return RegionSnapshot(
@@ -173,6 +204,8 @@ def parse_region(data: bytes) -> RegionSnapshot:
         created_unix_ns=int(region.hdr.created_unix_ns),
         devices=tuple(devices),
         processes=tuple(processes),
+        hold_mask=int(region.hdr.hold_mask),
+        hold_until_ns=int(region.hdr.hold_until_ns),
     )
 
 
@@ -181,3 +214,46 @@ def read_region(path: str | os.PathLike[str]) -> RegionSnapshot:
     with open(path, "rb") as f:
         data = f.read(REGION_SIZE + 1)
     return parse_region(data)
+
+
+@dataclass(frozen=True)
+class RegionHead:
+    """The part of a region that task priority looks at, from one read of its head."""
+
+    version: int
+    hold_mask: int
+    hold_until_ns: int
+    launches: tuple[int, ...]  # per device ordinal
+
+    @property
+    def can_hold(self) -> bool:
+        """Only a shim of version 2 or later counts launches and honours a hold."""
+        return self.version >= 2
+
+
+def parse_head(data: bytes) -> RegionHead:
+    """Decode the first HEAD_SIZE bytes of a region file; RegionError when they are not one."""
+    hdr = _check_header(data, HEAD_SIZE)
+    devices = (RegionDevice * MAX_DEVICES).from_buffer_copy(data, ctypes.sizeof(RegionHeader))
+    return RegionHead(
+        version=int(hdr.version),
+        hold_mask=int(hdr.hold_mask),
+        hold_until_ns=int(hdr.hold_until_ns),
+        launches=tuple(int(d.launches) for d in devices),
+    )
+
+
+def read_head(fd: int) -> RegionHead:
+    """The head of the region open on ``fd`` (a short file is a RegionError, not a crash)."""
+    return parse_head(os.pread(fd, HEAD_SIZE, 0))
+
+
+def write_hold(fd: int, mask: int, until_ns: int | None) -> None:
+    """Ask the container of the region open on ``fd`` to hold launches on the devices of
+    ``mask`` until ``until_ns`` (CLOCK_MONOTONIC), or, with ``mask`` 0, to hold none.
+
+    The time goes first and the mask last, so a shim that sees a new bit also sees a time
+    that makes it count; each is one aligned word, which a reader sees whole."""
+    if until_ns is not None:
+        os.pwrite(fd, struct.pack("<Q", until_ns), HOLD_UNTIL_OFFSET)
+    os.pwrite(fd, struct.pack("<I", mask), HOLD_MASK_OFFSET)

@@ -9,8 +9,8 @@ logged once per name and problem; it never stops the scrape or the plugin.
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +20,10 @@ from prometheus_client.registry import Collector
 
 from nodeplugin.cards import Card, Health
 from nodeplugin.edits import REGION_FILE
+from nodeplugin.owners import Owner, owners
 from nodeplugin.shared_region import RegionError, RegionSnapshot, read_region
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Owner:
-    name: str
-    namespace: str
-    pod: str
-    container: str
-    uuids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -39,25 +31,6 @@ class ContainerUsage:
     owner: Owner
     snapshot: RegionSnapshot | None
     error: str  # '' when the snapshot is good, 'absent' when no region yet
-
-
-def owners(state_dir: Path) -> list[Owner]:
-    out: list[Owner] = []
-    for path in sorted((state_dir / "owners").glob("*.json")):
-        try:
-            d = json.loads(path.read_bytes())
-            out.append(
-                Owner(
-                    str(d["name"]),
-                    str(d["namespace"]),
-                    str(d["pod"]),
-                    str(d["container"]),
-                    tuple(str(x["uuid"]) for x in d["devices"]),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.error("owner record %s is unreadable (%s); skipped", path, exc)
-    return out
 
 
 def read_usage(owner: Owner, region_dir: Path) -> ContainerUsage:
@@ -109,6 +82,13 @@ class UsageCollector(Collector):
             "The container's memory limit on a card (0 = none)",
             labels=labels,
         )
+        held = GaugeMetricFamily(
+            "tessera_container_gpu_launches_held",
+            "1 while the container's kernel launches on a card are held for a higher-priority "
+            "container on it (task priority; containers with a priority only)",
+            labels=labels,
+        )
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         bad = GaugeMetricFamily(
             "tessera_container_region_unreadable",
             "1 when the container's shared region exists but is truncated or garbage",
@@ -120,11 +100,14 @@ class UsageCollector(Collector):
             bad.add_metric([o.namespace, o.pod, o.container], 1.0 if unreadable else 0.0)
             if u.snapshot is None:
                 continue
+            holding = u.snapshot.hold_mask if u.snapshot.hold_until_ns > now else 0
             for i, uuid in enumerate(o.uuids):
+                values = [o.namespace, o.pod, o.container, uuid, str(i)]
+                if o.priority is not None:
+                    held.add_metric(values, float(holding >> i & 1))
                 dev = u.snapshot.device(i)
                 if dev is None:
                     continue
-                values = [o.namespace, o.pod, o.container, uuid, str(i)]
                 used.add_metric(values, float(dev.used_bytes))
                 limit.add_metric(values, float(dev.limit_bytes))
         healthy = GaugeMetricFamily(
@@ -136,4 +119,4 @@ class UsageCollector(Collector):
             healthy.add_metric(
                 [card.uuid, str(card.index), health.reason], 1.0 if health.healthy else 0.0
             )
-        yield from (used, limit, bad, healthy)
+        yield from (used, limit, held, bad, healthy)

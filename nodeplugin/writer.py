@@ -52,6 +52,7 @@ class Writer:
             "pod": plan.pod,
             "pod_uid": plan.pod_uid,
             "container": plan.container,
+            "priority": plan.priority,
             "devices": [
                 {"uuid": d.card.uuid, "memory_mib": d.memory_mib, "cores": d.cores}
                 for d in plan.devices

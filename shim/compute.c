@@ -1,11 +1,12 @@
 /*
  * Launch hooks: hold each device to TESSERA_DEVICE_CORE_LIMIT_<i> percent.
  *
- * With no compute limit a launch costs one well-predicted branch on
- * tessera_core_mask.  With one, each launch takes a token from the device's
- * limiter (limiter.c); a background thread, started on the first limited
- * launch, samples NVML utilisation every TESSERA_POLL_MS and adjusts the
- * refill rate.  The sample is this process's own share of the card when NVML
+ * With neither a compute limit nor a task priority a launch costs one
+ * well-predicted branch on tessera_launch_on.  A priority may hold the launch
+ * first (priority.c).  With a compute limit, each launch takes a token from
+ * the device's limiter (limiter.c); a background thread, started on the first
+ * limited launch, samples NVML utilisation every TESSERA_POLL_MS and adjusts
+ * the refill rate.  The sample is this process's own share of the card when NVML
  * can name the process (per-process samples, drivermem.c learns the host pid),
  * so other tenants' work does not count against it; else the whole card's.
  */
@@ -150,22 +151,33 @@ static void start_poller(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-void tessera_compute_throttle(void)
+static void throttle(int dev)
+{
+    if (TESSERA_UNLIKELY(!__atomic_load_n(&poller_started, __ATOMIC_ACQUIRE)))
+        start_poller();
+    for (;;) {
+        pthread_mutex_lock(&limiter_lock);
+        uint64_t wait = tessera_limiter_acquire(&limiters[dev], monotonic_ns(NULL));
+        pthread_mutex_unlock(&limiter_lock);
+        if (wait == 0)
+            break;
+        struct timespec ts = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int tessera_launch_quick;
+
+/* A held launch waits before it takes a token: a token spent while held would be lost. */
+void tessera_launch_slow(void)
 {
     int saved = errno;
     int dev = tessera_current_device();
-    if ((unsigned)dev < TESSERA_MAX_DEVICES && (tessera_core_mask & (1u << dev))) {
-        if (TESSERA_UNLIKELY(!__atomic_load_n(&poller_started, __ATOMIC_ACQUIRE)))
-            start_poller();
-        for (;;) {
-            pthread_mutex_lock(&limiter_lock);
-            uint64_t wait = tessera_limiter_acquire(&limiters[dev], monotonic_ns(NULL));
-            pthread_mutex_unlock(&limiter_lock);
-            if (wait == 0)
-                break;
-            struct timespec ts = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
-            nanosleep(&ts, NULL);
-        }
+    if ((unsigned)dev < TESSERA_MAX_DEVICES) {
+        if (tessera_task_priority >= 0)
+            tessera_priority_launch(dev);
+        if (tessera_core_mask & (1u << dev))
+            throttle(dev);
     }
     errno = saved;
 }
@@ -177,10 +189,14 @@ void tessera_compute_after_fork_child(void)
     __atomic_store_n(&poller_started, 0, __ATOMIC_RELEASE); /* the thread did not come along */
 }
 
-#define THROTTLE()                                        \
-    do {                                                  \
-        if (TESSERA_UNLIKELY(tessera_core_mask != 0))     \
-            tessera_compute_throttle();                   \
+#define THROTTLE()                                                      \
+    do {                                                                \
+        if (TESSERA_UNLIKELY(tessera_launch_on)) {                      \
+            if (__atomic_load_n(&tessera_launch_quick, __ATOMIC_RELAXED)) \
+                tessera_priority_launch(0);                             \
+            else                                                        \
+                tessera_launch_slow();                                  \
+        }                                                               \
     } while (0)
 
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,

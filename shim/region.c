@@ -137,6 +137,11 @@ bool tessera_region_shared(void)
     return region_is_shared;
 }
 
+struct tessera_region *tessera_region_map(void)
+{
+    return region;
+}
+
 /* Field 22 of /proc/<pid>/stat (start time in clock ticks) and the state letter. */
 static int read_proc_stat(uint32_t pid, uint64_t *start, char *state)
 {

@@ -7,6 +7,12 @@
  * TESSERA_REGION_VERSION; the shim refuses to use a region whose magic,
  * version or sizes differ from its own.  Counters are updated with atomic
  * builtins in place; readers take a snapshot without locks.
+ *
+ * One writer per field: the shim writes everything except hold_mask and
+ * hold_until_ns, which only the node plugin writes (task priority: a
+ * low-priority container holds its launches while a higher-priority one on
+ * the same card is busy).  Version 2 gave the reserved words of version 1
+ * these meanings; the size and every other offset are unchanged.
  */
 #ifndef TESSERA_REGION_LAYOUT_H
 #define TESSERA_REGION_LAYOUT_H
@@ -15,7 +21,7 @@
 
 /* "TESSERA1" read as a little-endian uint64_t */
 #define TESSERA_REGION_MAGIC   0x3141524553534554ULL
-#define TESSERA_REGION_VERSION 1u
+#define TESSERA_REGION_VERSION 2u
 #define TESSERA_MAX_DEVICES    16u
 #define TESSERA_MAX_PROCS      64u
 
@@ -28,9 +34,10 @@ struct tessera_region_header {
     uint32_t max_devices;     /* TESSERA_MAX_DEVICES */
     uint32_t max_procs;       /* TESSERA_MAX_PROCS */
     uint32_t proc_hwm;        /* slots [0, proc_hwm) may be in use (atomic, only grows) */
-    uint32_t _pad0;
+    uint32_t hold_mask;       /* node plugin: bit i = hold launches on device i (atomic) */
     uint64_t created_unix_ns; /* CLOCK_REALTIME when the region was created */
-    uint8_t  _reserved[16];
+    uint64_t hold_until_ns;   /* node plugin: CLOCK_MONOTONIC time hold_mask stops counting */
+    uint8_t  _reserved[8];
 };
 
 /* 32 bytes per device, indexed by the device ordinal inside the container */
@@ -39,7 +46,7 @@ struct tessera_region_device {
     uint64_t card_total_bytes;  /* memory of the physical card, 0 = not yet known */
     uint32_t core_limit_pct;    /* 0 = no limit, else 1..99 */
     uint32_t _pad0;
-    uint64_t _reserved;
+    uint64_t launches;          /* kernel launches, counted only with a task priority (atomic) */
 };
 
 /* 192 bytes (three cache lines) per process slot */

@@ -22,6 +22,8 @@ int tessera_log_level = TLOG_WARN;
 struct tessera_settings tessera_cfg;
 int tessera_mem_on;
 uint32_t tessera_core_mask;
+int tessera_task_priority = -1;
+int tessera_launch_on;
 int tessera_init_done;
 
 /* ------------------------------------------------------------------ logging */
@@ -459,6 +461,22 @@ static void read_limits(void)
     }
 }
 
+/* HAMi's nvidia.com/priority as the node plugin passes it on: 0 high, 1 low.  Anything else is a
+ * Tessera bug (the plugin refuses such records): said, and the container keeps today's
+ * behaviour rather than guessing a rank. */
+static void read_priority(void)
+{
+    const char *s = setting("TESSERA_TASK_PRIORITY");
+    uint64_t v;
+    if (s == NULL)
+        return;
+    if (parse_u64(s, &v) != 0 || v > 1)
+        TLOG(TLOG_ERROR, "TESSERA_TASK_PRIORITY='%s' is not a priority 0-1 (0 = high, 1 = low); this "
+             "container takes NO part in priorities", s);
+    else
+        tessera_task_priority = (int)v;
+}
+
 static void atfork_child(void)
 {
     tessera_region_after_fork_child();
@@ -475,7 +493,8 @@ static void init_once(void)
         load_config_file(cfg);
     read_log_level();
     read_limits();
-    if (tessera_mem_on || tessera_core_mask != 0) {
+    read_priority();
+    if (tessera_mem_on || tessera_core_mask != 0 || tessera_task_priority >= 0) {
         const char *path = setting("TESSERA_SHARED_REGION");
         if (path == NULL || *path == '\0')
             TLOG(TLOG_WARN, "TESSERA_SHARED_REGION is not set; memory is counted per process, "
@@ -486,10 +505,13 @@ static void init_once(void)
                 tessera_region_publish_device((int)i, tessera_cfg.mem_limit[i], 0, tessera_cfg.core_limit[i]);
         tessera_devmap_read_env(getenv("CUDA_VISIBLE_DEVICES"));
         tessera_compute_init();
+        tessera_priority_init();
         pthread_atfork(NULL, NULL, atfork_child);
     }
-    TLOG(TLOG_INFO, "loaded: memory limits %s, compute mask 0x%x, region %s", tessera_mem_on ? "on" : "off",
-         tessera_core_mask, tessera_region_shared() ? "shared" : "process-local");
+    tessera_launch_on = tessera_core_mask != 0 || tessera_task_priority >= 0;
+    TLOG(TLOG_INFO, "loaded: memory limits %s, compute mask 0x%x, task priority %d, region %s",
+         tessera_mem_on ? "on" : "off", tessera_core_mask, tessera_task_priority,
+         tessera_region_shared() ? "shared" : "process-local");
     __atomic_store_n(&tessera_init_done, 1, __ATOMIC_RELEASE);
     errno = saved;
 }
@@ -549,8 +571,12 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
 {
     tessera_ensure_init();
     CUresult r = REAL(cuInit)(Flags);
-    if (r == CUDA_SUCCESS && (tessera_mem_on || tessera_core_mask != 0)) {
+    if (r == CUDA_SUCCESS && (tessera_mem_on || tessera_launch_on)) {
         int saved = errno;
+        int count = 0;
+        if (tessera_task_priority >= 0 && tessera_core_mask == 0 &&
+            REAL(cuDeviceGetCount)(&count) == CUDA_SUCCESS && count == 1)
+            __atomic_store_n(&tessera_launch_quick, 1, __ATOMIC_RELAXED);
         tessera_devmap_cuda_ready();
         if (tessera_mem_on)
             pthread_once(&cards_control, check_cards);

@@ -65,8 +65,13 @@ struct tessera_settings {
 extern struct tessera_settings tessera_cfg;
 /* Non-zero once any memory limit is set: the only thing memory hooks test when off. */
 extern int tessera_mem_on;
-/* Bit i set = device i has a compute limit: the only thing launch hooks test when off. */
+/* Bit i set = device i has a compute limit. */
 extern uint32_t tessera_core_mask;
+/* TESSERA_TASK_PRIORITY (0 = high, 1 = low), -1 = none: the container takes no part in priorities. */
+extern int tessera_task_priority;
+/* Non-zero when launches have anything to do (a compute limit or a priority): the only
+ * thing launch hooks test when off. */
+extern int tessera_launch_on;
 
 extern int tessera_init_done;
 void tessera_init_slow(void);
@@ -81,6 +86,8 @@ static inline void tessera_ensure_init(void)
  * Returns 0 when the shared file is in use, -1 on fallback (message already logged). */
 int tessera_region_setup(const char *path);
 bool tessera_region_shared(void);
+/* The region in use (the shared file's mapping, or the process-local stand-in). */
+struct tessera_region *tessera_region_map(void);
 /* Add bytes to this process's count on dev unless the container would pass limit; *total is
  * then the container's usage including them (0 when limit is 0). */
 bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *total);
@@ -124,8 +131,30 @@ void tessera_graph_launched(CUgraphExec exec);
 uint32_t tessera_host_pid(void);           /* this process as NVML knows it, 0 = not known */
 void tessera_drivermem_after_fork_child(void);
 
-/* ---- compute (compute.c) ---- */
-void tessera_compute_throttle(void);
+/* ---- task priority (priority.c) ---- */
+void tessera_priority_init(void);          /* after the region is set up */
+extern struct tessera_region *tessera_priority_region; /* the region in use */
+void tessera_priority_hold(int dev);       /* wait while the node plugin holds dev (errno kept) */
+
+/* Count the launch for the node plugin; hold it while the plugin says so.  Inline: a launch
+ * with a priority and nothing else to do calls nothing unless it is held. */
+static inline void tessera_priority_launch(int dev)
+{
+    /* A plain load and store, not a locked add: the plugin only asks whether the count
+     * moved, which a count lost between two threads launching at once never hides. */
+    uint64_t *n = &tessera_priority_region->dev[dev].launches;
+    __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    if (tessera_task_priority > 0 &&
+        TESSERA_UNLIKELY(__atomic_load_n(&tessera_priority_region->hdr.hold_mask, __ATOMIC_ACQUIRE) &
+                         (1u << dev)))
+        tessera_priority_hold(dev);
+}
+
+/* ---- launches: priority, then compute (compute.c) ---- */
+void tessera_launch_slow(void);
+/* Set at cuInit for a process with a priority, no compute limit and one device: its launches
+ * are on ordinal 0 and need no more than tessera_priority_launch(0). */
+extern int tessera_launch_quick;
 void tessera_compute_after_fork_child(void);
 void tessera_compute_init(void);
 

@@ -19,15 +19,16 @@ int main(void)
     F(tessera_region_header, max_devices);
     F(tessera_region_header, max_procs);
     F(tessera_region_header, proc_hwm);
-    F(tessera_region_header, _pad0);
+    F(tessera_region_header, hold_mask);
     F(tessera_region_header, created_unix_ns);
+    F(tessera_region_header, hold_until_ns);
     F(tessera_region_header, _reserved);
     S(tessera_region_device);
     F(tessera_region_device, mem_limit_bytes);
     F(tessera_region_device, card_total_bytes);
     F(tessera_region_device, core_limit_pct);
     F(tessera_region_device, _pad0);
-    F(tessera_region_device, _reserved);
+    F(tessera_region_device, launches);
     S(tessera_region_proc);
     F(tessera_region_proc, pid);
     F(tessera_region_proc, reaper);

@@ -229,6 +229,34 @@ two_tenants() {
 }
 t "two containers at 30 % and 60 % on one card each get their own share" two_tenants
 
+echo "== task priority: launches counted, a hold from the node plugin honoured"
+t "launches are counted per device" shim TESSERA_TASK_PRIORITY=1 FAKE_CUDA_DEVICES=2 "$B/t_priority" count
+t "no priority: nothing counted, a hold changes nothing" shim "$B/t_priority" uncounted
+t "a held launch waits until the hold is lifted, errno kept" shim TESSERA_TASK_PRIORITY=1 "$B/t_priority" held
+t "a hold nobody renews (plugin gone) runs out" shim TESSERA_TASK_PRIORITY=1 "$B/t_priority" stale
+t "a hold whose lease has run out holds nothing" shim TESSERA_TASK_PRIORITY=1 "$B/t_priority" expired
+t "a lease longer than the plugin gives holds nothing" shim TESSERA_TASK_PRIORITY=1 "$B/t_priority" bogus
+t "priority 0 is never held, and is counted" shim TESSERA_TASK_PRIORITY=0 "$B/t_priority" top
+t "a hold on device 1 leaves device 0 alone" \
+    shim TESSERA_TASK_PRIORITY=1 FAKE_CUDA_DEVICES=2 "$B/t_priority" other_device
+t "a priority keeps its own compute limit" \
+    shim FAKE_NVML_UTIL=model FAKE_KERNEL_US=1000 TESSERA_DEVICE_CORE_LIMIT_0=30 TESSERA_TASK_PRIORITY=0 \
+    "$B/t_compute" 30 3
+priority_only() {
+    # A priority without any limit still gets a region: the node plugin needs the counts.
+    env LD_PRELOAD="$B/libtessera.so" LD_LIBRARY_PATH="$B/fake" TESSERA_SHARED_REGION="$REGION" \
+        TESSERA_TASK_PRIORITY=1 "$B/t_priority" held
+}
+t "a priority alone (no limit) is honoured" priority_only
+
+echo "== task priority across containers: real shims, the node plugin's monitor"
+t "a low-priority container yields while a high one on its card is busy, and resumes" \
+    "$PY" tests/t_priority_cards.py yield
+t "a high-priority container is never held for low-priority work" "$PY" tests/t_priority_cards.py high
+t "containers on different cards do not hold each other" "$PY" tests/t_priority_cards.py cards
+t "a dead monitor's hold runs out" "$PY" tests/t_priority_cards.py stale
+t "a container without a priority takes no part" "$PY" tests/t_priority_cards.py unset
+
 echo "== bad settings: a message at load, a safe behaviour, never a crash"
 bad_number() {
     shim TESSERA_DEVICE_MEMORY_LIMIT_0=abc "$B/t_proc" alloc 2000 ok 2>"$T/err" &&
@@ -268,7 +296,7 @@ struct.pack_into("<QII", data, 0, 0x3141524553534554, 99, 64)
 open(sys.argv[1], "wb").write(data)' "$T/v99" || return 1
     cp "$T/v99" "$T/v99.orig"
     shim TESSERA_SHARED_REGION="$T/v99" "$B/t_proc" alloc 2000 oom 2>"$T/err" &&
-        expect_err "is a version 99 region, this shim uses version 1; it is left as it is" &&
+        expect_err "is a version 99 region, this shim uses version 2; it is left as it is" &&
         cmp "$T/v99" "$T/v99.orig"
 }
 t "region from another version: message, untouched, per-process limit" other_version
@@ -282,7 +310,7 @@ interrupted_creation() {
     head -c 12864 /dev/zero >"$REGION" # sized, header never written: its creator died
     shim "$B/t_proc" alloc 600 ok && shim "$B/t_proc" report 1024 1024 &&
         "$PY" -c 'import struct, sys; m, v = struct.unpack_from("<QI", open(sys.argv[1], "rb").read());
-sys.exit(0 if (m, v) == (0x3141524553534554, 1) else 1)' "$REGION"
+sys.exit(0 if (m, v) == (0x3141524553534554, 2) else 1)' "$REGION"
 }
 t "a region whose creator died half-way is finished and used" interrupted_creation
 device_out_of_range() {
@@ -317,6 +345,14 @@ bad_core() {
         expect_err "TESSERA_DEVICE_CORE_LIMIT_0='150' is not a percentage 0-100; device 0 has NO compute limit"
 }
 t "core limit above 100: message, no compute limit" bad_core
+bad_priority() {
+    for v in 7 abc -1; do
+        shim TESSERA_TASK_PRIORITY=$v "$B/t_priority" uncounted 2>"$T/err" &&
+            expect_err "TESSERA_TASK_PRIORITY='$v' is not a priority 0-1 (0 = high, 1 = low); this container takes NO part in priorities" ||
+            return 1
+    done
+}
+t "task priority not 0-1: message, no part in priorities" bad_priority
 bad_log_level() {
     shim TESSERA_LOG_LEVEL=loud "$B/t_proc" alloc 10 ok 2>"$T/err" && expect_err "TESSERA_LOG_LEVEL='loud'"
 }

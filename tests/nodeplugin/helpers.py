@@ -22,16 +22,17 @@ def bind_pod(
     namespace: str = "team-a",
     node: str = NODE,
     key: bytes | None = None,
+    priorities: dict[str, int] | None = None,
 ) -> tuple[Pod, str]:
     """What the extender's bind leaves: a ledger record (+ annotations); returns the kubelet's
-    view of the pod and the record's JSON."""
+    view of the pod and the record's JSON. ``priorities``: by container name."""
     uid = str(uuidlib.uuid4())
     index = {True: 0, False: 0}
     rows = []
     for cname, init, slices in containers:
         rows.append((cname, index[init], init, slices))
         index[init] += 1
-    raw = record(uid, namespace, name, node, rows)
+    raw = record(uid, namespace, name, node, rows, priorities)
     plane.bind(raw, key=key)
     pod = Pod(namespace, name, [Container(c, len(s), init) for c, init, s in containers])
     return pod, raw

@@ -149,6 +149,39 @@ def test_malformed_records_name_the_field(data: Any, message: str) -> None:
     assert message in str(err.value)
 
 
+def with_priority(value: Any) -> dict[str, Any]:
+    c = dict(rec()["containers"][0], priority=value)
+    return rec(containers=[c])
+
+
+@pytest.mark.parametrize("value", [0, 1])
+def test_priority_is_read_when_the_pod_asked_for_it(value: int) -> None:
+    app = al.parse(with_priority(value)).container("app")
+    assert app is not None and app.priority == value
+
+
+def test_no_priority_key_means_the_pod_did_not_ask() -> None:
+    app = al.parse(rec()).container("app")
+    assert app is not None and app.priority is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (2, "containers[0].priority=2 is not 0..1"),
+        (-1, "containers[0].priority=-1 is not 0..1"),
+        (True, "containers[0].priority must be an integer"),
+        ("0", "containers[0].priority must be an integer"),
+        (None, "containers[0].priority must be an integer"),
+        (0.0, "containers[0].priority must be an integer"),
+    ],
+)
+def test_malformed_priority_is_refused(value: Any, message: str) -> None:
+    with pytest.raises(al.AllocationError) as err:
+        al.parse(with_priority(value))
+    assert message in str(err.value)
+
+
 def test_not_json() -> None:
     with pytest.raises(al.AllocationError, match="not JSON"):
         al.parse_bytes(b"{nope")

@@ -18,6 +18,7 @@ def test_defaults() -> None:
     assert s.cdi_dir == Path("/var/run/cdi") and s.device_mode == "cdi"
     assert s.allocation_source == "controlplane"
     assert 13 in s.ignored_xids and 79 not in s.ignored_xids
+    assert (s.priority_poll_s, s.priority_busy_s) == (0.1, 1.0)
 
 
 def test_overrides() -> None:
@@ -57,6 +58,9 @@ def test_overrides() -> None:
         ({"TESSERA_IGNORED_XIDS": "13,x"}, "comma list"),
         ({"TESSERA_PRESTART_TIMEOUT_S": "40"}, "out of range"),
         ({"TESSERA_CDI_ANNOTATION": "maybe"}, "not a boolean"),
+        # a poll over 1 s would give leases longer than the shim honours (10 s)
+        ({"TESSERA_PRIORITY_POLL_S": "2"}, "TESSERA_PRIORITY_POLL_S=2.0 is out of range"),
+        ({"TESSERA_PRIORITY_BUSY_S": "soon"}, "TESSERA_PRIORITY_BUSY_S='soon' is not a number"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:

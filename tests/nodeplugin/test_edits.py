@@ -25,9 +25,13 @@ LAYOUT = edits.Layout(
 )
 
 
-def plan() -> edits.ContainerPlan:
+def plan(priority: int | None = None) -> edits.ContainerPlan:
     c = ContainerAllocation(
-        "app", 0, False, (SliceDevice("GPU-b", 4000, 30), SliceDevice("GPU-a", 2000, 0))
+        "app",
+        0,
+        False,
+        (SliceDevice("GPU-b", 4000, 30), SliceDevice("GPU-a", 2000, 0)),
+        priority,
     )
     return edits.make_plan("alloc-x", c, CARDS, namespace="ns", pod="p", pod_uid="u")
 
@@ -45,6 +49,26 @@ def test_env_follows_the_allocation_order() -> None:
         "TESSERA_SHARED_REGION": "/var/run/tessera/region",
         "TESSERA_ALLOCATION": "alloc-x",
     }
+
+
+@pytest.mark.parametrize("priority", [0, 1])
+def test_task_priority_goes_into_the_environment_when_the_pod_asked(priority: int) -> None:
+    env = edits.container_env(plan(priority), LAYOUT)
+    assert env["TESSERA_TASK_PRIORITY"] == str(priority)
+    assert {k: v for k, v in env.items() if k != "TESSERA_TASK_PRIORITY"} == edits.container_env(
+        plan(), LAYOUT
+    )
+    spec = edits.cdi_spec("tessera.io/gpu", plan(priority), LAYOUT, [])
+    (dev,) = spec["devices"]  # type: ignore[misc]
+    assert f"TESSERA_TASK_PRIORITY={priority}" in dev["containerEdits"]["env"]
+    assert f"TESSERA_TASK_PRIORITY={priority}\n" in edits.paths_config(plan(priority), LAYOUT)
+
+
+def test_no_task_priority_without_the_pod_asking() -> None:
+    spec = edits.cdi_spec("tessera.io/gpu", plan(), LAYOUT, [])
+    (dev,) = spec["devices"]  # type: ignore[misc]
+    assert not any(e.startswith("TESSERA_TASK_PRIORITY") for e in dev["containerEdits"]["env"])
+    assert "TESSERA_TASK_PRIORITY" not in edits.paths_config(plan(), LAYOUT)
 
 
 def test_cdi_spec_gives_exactly_the_cards() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -486,6 +487,56 @@ def test_init_containers_get_their_own_limits(short_tmp: Path) -> None:
     run(main)
 
 
+def test_task_priority_reaches_the_container_environment(short_tmp: Path) -> None:
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            k, plane = node.kubelet, node.plane
+            u = node.uuids
+            pod, _ = bind_pod(
+                plane,
+                "mixed",
+                [
+                    ("serve", False, [(u[0], 1000, 50)]),
+                    ("batch", False, [(u[1], 1000, 50)]),
+                    ("plain", False, [(u[2], 1000, 50)]),
+                ],
+                priorities={"serve": 0, "batch": 1},
+            )
+            await k.admit(pod)
+            for c in ("serve", "batch", "plain"):
+                await k.start_container(pod, c)
+            envs = {
+                c: spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(pod, c))) for c in pod.responses
+            }
+            assert envs["serve"]["TESSERA_TASK_PRIORITY"] == "0"
+            assert envs["batch"]["TESSERA_TASK_PRIORITY"] == "1"
+            assert "TESSERA_TASK_PRIORITY" not in envs["plain"]
+            owners = {
+                o["container"]: o
+                for o in (
+                    json.loads(p.read_text()) for p in (node.plugin.state_dir / "owners").iterdir()
+                )
+            }
+            assert {c: o["priority"] for c, o in owners.items()} == {
+                "serve": 0,
+                "batch": 1,
+                "plain": None,
+            }
+            # a record with a priority the plugin does not know is refused, naming the field
+            bad, _ = bind_pod(
+                plane, "too-low", [("app", False, [(u[3], 100, 0)])], priorities={"app": 2}
+            )
+            await k.admit(bad)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.start_container(bad, "app")
+            assert "containers[0].priority=2 is not 0..1" in (err.value.details() or "")
+            assert not (
+                node.plugin.cdi_dir / f"tessera.io_gpu-{cdi_name(bad, 'app').split('=')[1]}.json"
+            ).exists()
+
+    run(main)
+
+
 def test_host_path_mode_without_cdi(short_tmp: Path) -> None:
     async def main() -> None:
         async with fake_node(short_tmp, TESSERA_DEVICE_MODE="paths") as node:
@@ -610,6 +661,93 @@ def test_usage_metrics_survive_bad_region_files(short_tmp: Path) -> None:
             pod2, _ = bind_pod(plane, "next", [("app", False, [(u[1], 100, 0)])])
             await k.admit(pod2)
             await k.start_container(pod2, "app")
+
+    run(main)
+
+
+def test_task_priority_monitor_holds_and_releases_per_card(short_tmp: Path) -> None:
+    """The plugin watches the launch counts in the regions and writes the holds: a low-priority
+    container on the card of a busy high-priority one is held until it goes idle; one on
+    another card, the high one itself, and one without a priority never are."""
+    import ctypes
+
+    from nodeplugin import shared_region as sr
+
+    port = _free_port()
+    launches_at = ctypes.sizeof(sr.RegionHeader) + sr.RegionDevice.launches.offset  # device 0
+
+    async def main() -> None:
+        async with fake_node(
+            short_tmp,
+            TESSERA_PRIORITY_POLL_S="0.05",
+            TESSERA_PRIORITY_BUSY_S="0.4",
+            TESSERA_METRICS_PORT=str(port),
+        ) as node:
+            k, plane = node.kubelet, node.plane
+            u = node.uuids
+            pods = {}
+            for name, card, prio in [
+                ("hi", u[0], 0),
+                ("lo", u[0], 1),
+                ("elsewhere", u[1], 1),
+                ("plain", u[0], None),
+            ]:
+                pod, _ = bind_pod(
+                    plane,
+                    name,
+                    [("app", False, [(card, 1000, 0)])],
+                    priorities=None if prio is None else {"app": prio},
+                )
+                await k.admit(pod)
+                await k.start_container(pod, "app")
+                pods[name] = pod
+            regions = {}
+            for name, pod in pods.items():
+                regions[name] = (
+                    node.plugin.region_dir / cdi_name(pod, "app").partition("=")[2] / "region"
+                )
+                regions[name].write_bytes(_region_bytes(1000, 0))  # as a version 2 shim makes it
+
+            def hold(name: str) -> int:
+                return sr.read_region(regions[name]).hold_mask
+
+            busy = True
+
+            async def launch(name: str) -> None:
+                n = 0
+                while busy:
+                    n += 1
+                    fd = os.open(regions[name], os.O_RDWR)
+                    os.pwrite(fd, n.to_bytes(8, "little"), launches_at)
+                    os.close(fd)
+                    await asyncio.sleep(0.02)
+
+            launcher = asyncio.create_task(launch("hi"))
+            await eventually(lambda: hold("lo") == 1, timeout=3, what="the low-priority hold")
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            assert sr.read_region(regions["lo"]).hold_until_ns > now
+            m = await asyncio.to_thread(_scrape, port)
+            held = {s["pod"]: v for s, v in m["tessera_container_gpu_launches_held"]}
+            assert held == {"hi": 0.0, "lo": 1.0, "elsewhere": 0.0}
+            for _ in range(10):  # it stays held while the high one is busy; the others never are
+                await asyncio.sleep(0.05)
+                assert (hold("lo"), hold("hi"), hold("elsewhere"), hold("plain")) == (1, 0, 0, 0)
+            busy = False
+            await launcher
+            t_idle = time.monotonic()
+            await eventually(lambda: hold("lo") == 0, timeout=3, what="the hold to be lifted")
+            assert time.monotonic() - t_idle >= 0.3, "lifted before the busy window ended"
+            # busy again, then the plugin stops: it lifts its holds on the way out
+            busy = True
+            launcher = asyncio.create_task(launch("hi"))
+            await eventually(lambda: hold("lo") == 1, timeout=3, what="the hold again")
+            busy = False
+            await launcher
+            assert node.plugin.stop() == 0
+            assert hold("lo") == 0
+            log = node.plugin.text()
+            assert "team-a/lo app (priority 1) holds its launches on " + u[0] in log
+            assert "team-a/lo app launches freely again" in log
 
     run(main)
 

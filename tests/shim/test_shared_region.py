@@ -118,7 +118,7 @@ def test_parse_sums_process_slots_per_device() -> None:
     ("mutate", "message"),
     [
         (lambda b: struct.pack_into("<Q", b, 0, 0x1234), "bad magic"),
-        (lambda b: struct.pack_into("<I", b, 8, 2), "region version 2"),
+        (lambda b: struct.pack_into("<I", b, 8, 3), "region version 3"),
     ],
 )
 def test_parse_refuses_foreign_regions(mutate: Callable[[bytearray], None], message: str) -> None:
@@ -126,6 +126,56 @@ def test_parse_refuses_foreign_regions(mutate: Callable[[bytearray], None], mess
     mutate(data)
     with pytest.raises(sr.RegionError, match=message):
         sr.parse_region(bytes(data))
+
+
+def test_a_version_1_region_still_reads() -> None:
+    """Containers started before an upgrade keep their version 1 regions: same layout, the
+    words version 2 named were reserved (zero) there."""
+    region = blank_region()
+    region.hdr.version = 1
+    region.hdr.proc_hwm = 1
+    region.dev[0].mem_limit_bytes = 512 * MiB
+    region.proc[0].pid = 7
+    region.proc[0].used[0] = 5 * MiB
+    snap = sr.parse_region(bytes(region))
+    assert snap.version == 1
+    dev = snap.device(0)
+    assert dev is not None and (dev.limit_bytes, dev.used_bytes, dev.launches) == (
+        512 * MiB,
+        5 * MiB,
+        0,
+    )
+    head = sr.parse_head(bytes(region)[: sr.HEAD_SIZE])
+    assert head.version == 1 and not head.can_hold
+
+
+def test_head_and_hold_round_trip_through_the_file(tmp_path: Path) -> None:
+    region = blank_region()
+    region.dev[1].launches = 41
+    path = tmp_path / "region"
+    path.write_bytes(bytes(region))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        head = sr.read_head(fd)
+        assert head.can_hold and head.launches[:3] == (0, 41, 0)
+        assert (head.hold_mask, head.hold_until_ns) == (0, 0)
+        sr.write_hold(fd, 0b10, 123_456_789)
+        head = sr.read_head(fd)
+        assert (head.hold_mask, head.hold_until_ns) == (0b10, 123_456_789)
+        sr.write_hold(fd, 0, None)  # let go: the time stays, the mask alone says so
+        assert (sr.read_head(fd).hold_mask, sr.read_head(fd).hold_until_ns) == (0, 123_456_789)
+    finally:
+        os.close(fd)
+    snap = sr.read_region(path)
+    assert (snap.hold_mask, snap.hold_until_ns) == (0, 123_456_789)
+    assert os.path.getsize(path) == sr.REGION_SIZE  # nothing written past the layout
+
+
+def test_a_short_head_is_refused() -> None:
+    with pytest.raises(sr.RegionError, match="too short"):
+        sr.parse_head(b"")
+    with pytest.raises(sr.RegionError, match="want 12864"):
+        sr.parse_head(bytes(blank_region())[:100])
 
 
 def test_parse_refuses_short_files() -> None:

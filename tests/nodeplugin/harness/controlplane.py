@@ -37,23 +37,28 @@ def record(
     name: str,
     node: str,
     containers: list[tuple[str, int, bool, list[tuple[str, int, int]]]],
+    priorities: dict[str, int] | None = None,
 ) -> str:
-    """The compact, key-sorted JSON the extender writes (docs/allocation.md)."""
+    """The compact, key-sorted JSON the extender writes (docs/allocation.md); ``priorities``
+    by container name, for the containers whose pod asked for nvidia.com/priority."""
+    rows: list[dict[str, Any]] = []
+    for cname, index, init, devices in containers:
+        row: dict[str, Any] = {
+            "name": cname,
+            "index": index,
+            "init": init,
+            "devices": [{"uuid": u, "memory_mib": m, "cores": c} for u, m, c in devices],
+        }
+        if priorities and cname in priorities:
+            row["priority"] = priorities[cname]
+        rows.append(row)
     body = {
         "v": 1,
         "pod_uid": pod_uid,
         "namespace": namespace,
         "name": name,
         "node": node,
-        "containers": [
-            {
-                "name": cname,
-                "index": index,
-                "init": init,
-                "devices": [{"uuid": u, "memory_mib": m, "cores": c} for u, m, c in devices],
-            }
-            for cname, index, init, devices in containers
-        ],
+        "containers": rows,
     }
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
