@@ -230,7 +230,8 @@ def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, e
     """Cards that could hold one slice of EVERY app container at the same time.
 
     Only meaningful when no app container is strict (the caller checks). ``stack_cores``
-    keeps 1% over when an app container asks 0%, which a card with no compute left refuses.
+    keeps 1% over for an app container that asks 0% after the others took theirs (a card with
+    no compute left refuses even that).
     """
     n_app = len(plan.apps)
     base, pcts, whole, cores = plan.stack_abs, plan.stack_pcts, plan.stack_whole, plan.stack_cores

@@ -224,9 +224,15 @@ class Plan:
         self.stack_abs = sum(c.value for c in self.apps if c.kind == 0)
         self.stack_pcts = tuple(c.value for c in self.apps if c.kind == 1)
         self.stack_whole = sum(1 for c in self.apps if c.kind == 2)
-        # A card whose compute ends up fully booked takes no 0%-compute slice after that, so a
-        # stack with a 0% container must leave some compute over (fit.py, _count_stack).
-        self.stack_cores = sum(c.cores for c in self.apps) + any(c.cores == 0 for c in self.apps)
+        # A card whose compute ends up fully booked takes no 0%-compute slice after that: a
+        # card holding the stack must still have some compute left when the last 0% container
+        # comes, after at most one slice of each container before it (fit.py, _count_stack).
+        self.stack_cores = before = 0
+        for c in self.apps:
+            if c.cores == 0:
+                self.stack_cores = before + 1  # the prefix only grows: the last 0% one decides
+            before += c.cores
+        self.stack_cores = max(self.stack_cores, before)
         self.stack_exclusive = any(c.strict for c in self.apps)
         # Two or more app containers, all with absolute memory, none exclusive: the common
         # multi-container shape, which the filter runs on packed keys.
@@ -322,7 +328,8 @@ class PodRequest:
             raise ValueError("a PodRequest needs at least one container")
         if self.node_policy not in POLICIES:
             raise ValueError(f"node_policy must be one of {POLICIES}, got {self.node_policy!r}")
-        if gpu_policy_chain(self.gpu_policy, SPREAD) != self.gpu_policy:
+        policy = self.gpu_policy
+        if policy not in POLICIES and gpu_policy_chain(policy, SPREAD) != policy:
             raise ValueError(
                 f"gpu_policy must be a canonical chain of {', '.join(GPU_POLICY_WORDS)} naming "
                 f"one of binpack and spread, got {self.gpu_policy!r}"
@@ -330,7 +337,7 @@ class PodRequest:
         for label in ("use_types", "nouse_types", "use_uuids", "nouse_uuids"):
             if any(v != v.lower() or not v for v in getattr(self, label)):
                 raise ValueError(f"{label} must hold non-empty lower-case strings")
-        if any(m not in VGPU_MODES for m in self.vgpu_modes):
+        if self.vgpu_modes and any(m not in VGPU_MODES for m in self.vgpu_modes):
             raise ValueError(f"vgpu_modes must be among {VGPU_MODES}, got {self.vgpu_modes}")
         object.__setattr__(self, "plan", Plan(self))
 
@@ -606,6 +613,9 @@ def _gpu_policy(annotations: Mapping[str, Any], default: str) -> str:
         value = _annotation(annotations, key)
         if value is None:
             continue
+        plain = value.strip().lower()
+        if plain in POLICIES:  # the common case, already canonical
+            return plain
         try:
             return gpu_policy_chain(value, default)
         except ValueError as exc:
