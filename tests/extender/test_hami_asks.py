@@ -93,3 +93,51 @@ def test_bind_signs_the_sidecar_and_the_priority(client, fake_kube) -> None:
     assert (main["name"], main["init"], main["priority"], "sidecar" in main) == (
         "main", False, 1, False
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("limits", "annotations", "allowed", "fragment"),
+    [
+        (
+            {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000},
+            {"nvidia.com/vgpu-mode": "mig"},
+            True,
+            "",
+        ),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0}, {}, True, ""),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101},
+            {},
+            False,
+            "gpumem-percentage: must be a percentage from 0 to 100, got 101",
+        ),
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/priority": 5},
+            {},
+            False,
+            "nvidia.com/priority: must be 0 (high) or 1 (low), got 5",
+        ),
+        (
+            {"nvidia.com/gpu": 1},
+            {"nvidia.com/vgpu-mode": "vgpu"},
+            False,
+            "nvidia.com/vgpu-mode: must name card modes among hami-core, mig, mps",
+        ),
+        ({"nvidia.com/gpu": 1}, {"hami.io/gpu-scheduler-policy": "mutex,numa"}, True, ""),
+    ],
+)
+def test_admission_of_hamis_asks(client, limits, annotations, allowed, fragment) -> None:
+    make_node("a100", cards=2)
+    pod = gpu_pod(annotations=annotations)
+    pod["spec"].pop("schedulerName")
+    pod["spec"]["containers"][0]["resources"]["limits"] = limits
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": "CREATE", "object": pod,
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "namespace": "default"}}  # fmt: skip
+    answer = post(client, "/webhook/mutate", body).json()["response"]
+    assert answer["allowed"] is allowed
+    if allowed:
+        assert answer["patchType"] == "JSONPatch"  # routed to Tessera's scheduler
+    else:
+        assert fragment in answer["status"]["message"]
