@@ -14,7 +14,7 @@ Environment variables (all optional):
   REDIS_URL              Celery broker / locks               (default: redis://127.0.0.1:6379/0)
   TESSERA_KUBE_MODE      auto | kubeconfig | incluster | embedded   (default: auto)
   KUBECONFIG             kubeconfig path for mode kubeconfig (auto picks it when it exists)
-  TESSERA_RESOURCE_GPU / _GPUMEM / _GPUMEM_PERCENTAGE / _GPUCORES   resource names (DESIGN §3)
+  TESSERA_RESOURCE_GPU / _GPUMEM / _GPUMEM_PERCENTAGE / _GPUCORES / _PRIORITY   resource names
   TESSERA_DEFAULT_GPUMEM_MIB, TESSERA_DEFAULT_GPUMEM_PERCENTAGE, TESSERA_DEFAULT_GPUCORES,
   TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
@@ -330,6 +330,7 @@ TESSERA = {
             "TESSERA_RESOURCE_GPUMEM_PERCENTAGE", "nvidia.com/gpumem-percentage"
         ),
         "gpucores": env_str("TESSERA_RESOURCE_GPUCORES", "nvidia.com/gpucores"),
+        "priority": env_str("TESSERA_RESOURCE_PRIORITY", "nvidia.com/priority"),
     },
     "DEFAULT_GPUMEM_MIB": env_int("TESSERA_DEFAULT_GPUMEM_MIB", None, low=1, high=16 * 1024 * 1024),
     "DEFAULT_GPUMEM_PERCENTAGE": env_int(

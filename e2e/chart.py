@@ -113,6 +113,7 @@ class ChartConfig:
                 "TESSERA_RESOURCE_GPUMEM_PERCENTAGE", default.gpumem_percentage
             ),
             gpucores=self.env.get("TESSERA_RESOURCE_GPUCORES", default.gpucores),
+            priority=self.env.get("TESSERA_RESOURCE_PRIORITY", default.priority),
         )
 
     @property

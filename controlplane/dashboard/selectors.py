@@ -390,10 +390,11 @@ def card_views(
     if slices_qs is None:
         slices_qs = Slice.objects.filter(card_id__in=list(by_id))
     rows = list(slices_qs.filter(active=True).values_list(*SLICE_VIEW_FIELDS))
-    for card_id, claim in ledger_usage.claims_of(r[:6] for r in rows).items():
+    width = len(ledger_usage.SLICE_ROW)
+    for card_id, claim in ledger_usage.claims_of(r[:width] for r in rows).items():
         if card_id in by_id:
             by_id[card_id].usage = claim
-    for _, card_id, _, init, memory, cores, namespace, pod, uid, phase, container in rows:
+    for _, card_id, _, init, memory, cores, _, namespace, pod, uid, phase, container in rows:
         card = by_id.get(card_id)
         if card is None:
             continue

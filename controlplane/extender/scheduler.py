@@ -42,6 +42,7 @@ from controlplane.scheduling import (
     Snapshot,
     check_quota,
     filter_nodes,
+    least_demand,
     parse_pod,
     prioritize,
 )
@@ -114,29 +115,14 @@ def _pod_identity(pod: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _min_demand(request: PodRequest, snapshot: Snapshot, names: list[str]) -> QuotaUsage:
-    """A lower bound of what any placement of the pod counts against its quota.
-
-    Init containers may share cards with app slices (the claim is the larger of the two), so
-    the bound is max(app total, largest init container); a percentage or whole-card ask is
-    counted on the smallest card among the candidate nodes.
-    """
+    """A lower bound of what any placement of the pod counts against its quota (the core's
+    `least_demand`: the pod at its peak, sidecars included), with percentage and whole-card
+    asks counted on the smallest card among the candidate nodes."""
     smallest = min(
         (c.memory_mib for n in names if (s := snapshot.by_name.get(n)) for c in s.cards),
         default=1,
     )
-
-    def memory(c: Any) -> int:
-        return c.memory_on(smallest) * c.gpus
-
-    apps = [c for c in request.containers if not c.init]
-    inits = [c for c in request.containers if c.init]
-    return QuotaUsage(
-        memory_mib=max(sum(map(memory, apps)), max(map(memory, inits), default=0)),
-        cores=max(
-            sum(c.cores * c.gpus for c in apps), max((c.cores * c.gpus for c in inits), default=0)
-        ),
-        gpus=max(sum(c.gpus for c in apps), max((c.gpus for c in inits), default=0)),
-    )
+    return least_demand(request, smallest)
 
 
 def run_filter(args: ExtenderArgs) -> FilterAnswer:

@@ -16,8 +16,8 @@ _PHRASES: dict[str, tuple[str, str]] = {
         "have no free slice slot on a card with room",
     ),
     ReasonCode.EXCLUSIVE_CONFLICT: (
-        "has no card free of an exclusive (100% compute) slice",
-        "have no card free of an exclusive (100% compute) slice",
+        "has no card free of an exclusive (100% compute) slice, or idle for a 100% or mutex ask",
+        "have no card free of an exclusive (100% compute) slice, or idle for a 100% or mutex ask",
     ),
     ReasonCode.TYPE_EXCLUDED: (
         "has only GPU models the pod's gputype annotations exclude",
@@ -40,6 +40,10 @@ _PHRASES: dict[str, tuple[str, str]] = {
         "have too few cards with room for all the pod's GPUs",
     ),
     ReasonCode.QUOTA_EXCEEDED: ("is refused by the namespace quota", "are refused by the quota"),
+    ReasonCode.MODE_MISMATCH: (
+        "has no card in the mode the pod's nvidia.com/vgpu-mode asks for",
+        "have no card in the mode the pod's nvidia.com/vgpu-mode asks for",
+    ),
     ReasonCode.UNKNOWN_NODE: (
         "is not registered with Tessera (no node plugin reported it)",
         "are not registered with Tessera (no node plugin reported them)",

@@ -136,44 +136,59 @@ class ContainerAllocation:
     index: int
     init: bool
     devices: tuple[Device, ...]
+    sidecar: bool = False  # an init container that keeps running (restartPolicy: Always)
+    priority: int | None = None  # nvidia.com/priority, None when the pod did not ask
 
 
-# (container name, container index, init, card UUID, card index, memory MiB, compute percent)
-SliceRow = tuple[str, int, bool, str, int, int, int]
+# (container name, container index, init, card UUID, card index, memory MiB, compute percent,
+# sidecar, priority): the slice columns `SLICE_COLUMNS` names, in that order
+SliceRow = tuple[str, int, bool, str, int, int, int, bool, int | None]
+SLICE_COLUMNS = (
+    "container_name", "container_index", "init_container", "card__uuid", "card__index",
+    "memory_mib", "compute_percent", "sidecar", "priority",
+)  # fmt: skip
 
 
 def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
     """The record's containers from one binding's slices, one row per (container, card)."""
-    containers: dict[tuple[bool, int], tuple[str, list[Device]]] = {}
-    for name, index, init, uuid, card_index, memory, cores in rows:
-        entry = containers.setdefault((init, index), (name, []))
-        entry[1].append(Device(uuid, card_index, memory, cores))
+    containers: dict[tuple[bool, int], tuple[str, bool, int | None, list[Device]]] = {}
+    for name, index, init, uuid, card_index, memory, cores, sidecar, priority in rows:
+        entry = containers.setdefault((init, index), (name, sidecar, priority, []))
+        entry[3].append(Device(uuid, card_index, memory, cores))
     return [
-        ContainerAllocation(name, index, init, tuple(devices))
-        for (init, index), (name, devices) in containers.items()
+        ContainerAllocation(name, index, init, tuple(devices), sidecar, priority)
+        for (init, index), (name, sidecar, priority, devices) in containers.items()
     ]
+
+
+def _container(c: ContainerAllocation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "devices": [
+            {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
+            for d in sorted(c.devices, key=lambda d: (d.card_index, d.uuid))
+        ],
+        "index": c.index,
+        "init": c.init,
+        "name": c.name,
+    }
+    # Only when they say something: a record without them reads as before (docs/allocation.md).
+    if c.sidecar:
+        out["sidecar"] = True
+    if c.priority is not None:
+        out["priority"] = c.priority
+    return out
 
 
 def allocation_record(
     pod_uid: str, namespace: str, name: str, node: str, containers: Iterable[ContainerAllocation]
 ) -> dict[str, Any]:
-    """The version-1 allocation object. Init containers first, then by index; each container's
-    devices by the card's index on the node: the order CUDA enumerates them inside the container,
-    so device ordinal i is `devices[i]` (TESSERA_DEVICE_*_LIMIT_<i>)."""
+    """The version-1 allocation object. Init containers (sidecars among them) first, then by
+    index; each container's devices by the card's index on the node: the order CUDA enumerates
+    them inside the container, so device ordinal i is `devices[i]` (TESSERA_DEVICE_*_LIMIT_<i>).
+    `sidecar` and `priority` appear on a container only when set."""
     ordered = sorted(containers, key=lambda c: (not c.init, c.index))
     return {
-        "containers": [
-            {
-                "devices": [
-                    {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
-                    for d in sorted(c.devices, key=lambda d: (d.card_index, d.uuid))
-                ],
-                "index": c.index,
-                "init": c.init,
-                "name": c.name,
-            }
-            for c in ordered
-        ],
+        "containers": [_container(c) for c in ordered],
         "name": name,
         "namespace": namespace,
         "node": node,
@@ -220,6 +235,8 @@ class AllocatedContainer:
     index: int
     init: bool
     devices: tuple[AllocatedDevice, ...]
+    sidecar: bool = False
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +284,8 @@ def verify_allocation(pod_annotations: Mapping[str, str]) -> Allocation:
                         AllocatedDevice(str(d["uuid"]), int(d["memory_mib"]), int(d["cores"]))
                         for d in c["devices"]
                     ),
+                    sidecar=bool(c.get("sidecar", False)),
+                    priority=None if c.get("priority") is None else int(c["priority"]),
                 )
                 for c in record["containers"]
             ),

@@ -148,8 +148,15 @@ class Slice(models.Model):
     container_name = models.CharField(max_length=253)
     container_index = models.PositiveSmallIntegerField()
     init_container = models.BooleanField(default=False)
+    sidecar = models.BooleanField(
+        default=False,
+        help_text="An init container with restartPolicy Always: held beside later containers.",
+    )
     memory_mib = models.PositiveIntegerField()
     compute_percent = models.PositiveSmallIntegerField()
+    priority = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The container's nvidia.com/priority; null: not asked."
+    )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -163,6 +170,14 @@ class Slice(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(compute_percent__lte=100), name="slice_compute_at_most_100"
+            ),
+            models.CheckConstraint(
+                condition=Q(sidecar=False) | Q(init_container=True),
+                name="slice_sidecar_is_an_init_container",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__isnull=True) | Q(priority__lte=1),
+                name="slice_priority_0_or_1",
             ),
         ]
 

@@ -198,11 +198,8 @@ def allocation_of(binding: PodBinding) -> dict[str, Any]:
     rows = (
         Slice.objects.filter(binding=binding, active=True)
         .order_by("init_container", "container_index", "id")
-        .values_list(
-            "container_name", "container_index", "init_container", "card__uuid", "card__index",
-            "memory_mib", "compute_percent",
-        )
-    )  # fmt: skip
+        .values_list(*allocation.SLICE_COLUMNS)
+    )
     return allocation.allocation_record(
         binding.pod_uid,
         binding.namespace,

@@ -58,24 +58,31 @@ class CardRow(NamedTuple):
 
 
 class SliceRow(NamedTuple):
+    """An active slice as the core folds it (`LedgerSlice`)."""
+
     binding_id: int
     card_id: int
     container_index: int
     init: bool
     memory_mib: int
     cores: int
+    sidecar: bool
 
 
 _NODE = ("id", "name", "ready", "cordoned")
 _CARD = ("id", "node", "uuid", "index", "model", "memory_mib", "compute_units", "slots",
          "numa_node", "healthy", "health_reason", "cordoned", "present")  # fmt: skip
-_SLICE = ("binding", "card", "container_index", "init_container", "memory_mib", "compute_percent")
+_SLICE = ("binding", "card", "container_index", "init_container", "memory_mib", "compute_percent",
+          "sidecar")  # fmt: skip
 BINDING_INSERT = ("pod_uid", "namespace", "name", "node", "phase", "reason", "request",
                   "deadline", "reserved_at", "created_at", "updated_at")  # fmt: skip
 DECISION = ("pod_uid", "namespace", "name", "outcome", "summary", "feasible_nodes",
             "node_reasons", "reason_counts", "nodes_considered", "decided_at")  # fmt: skip
+# The binding first, "active" and "created_at" last: the rest are a caller's slice tuple.
 _SLICE_INSERT = ("binding", "card", "container_name", "container_index", "init_container",
-                 "memory_mib", "compute_percent", "active", "created_at")  # fmt: skip
+                 "memory_mib", "compute_percent", "sidecar", "priority", "active",
+                 "created_at")  # fmt: skip
+SLICE_VALUES = _SLICE_INSERT[1:-2]  # what insert_binding / insert_slices take per slice
 
 
 @rawsql.per_vendor
@@ -185,7 +192,7 @@ def _card(row: Sequence[Any]) -> CardRow:
 
 
 def _slice(row: Sequence[Any]) -> SliceRow:
-    return SliceRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5])
+    return SliceRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5], bool(row[6]))
 
 
 # --- reads ---------------------------------------------------------------------------------------
@@ -289,8 +296,8 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
 
 def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
     """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
-    ((card id, container name, container index, init, memory MiB, compute percent) each); the
-    binding's new id.
+    (`SLICE_VALUES` each: card id, container name, container index, init, memory MiB, compute
+    percent, sidecar, priority); the binding's new id.
 
     On PostgreSQL one statement: the slices take their binding's id from the binding INSERT's
     RETURNING, in a CTE."""
@@ -319,20 +326,26 @@ def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) ->
 @functools.cache
 def _binding_with_slices(n: int) -> str:
     """PostgreSQL: the binding INSERT and its `n` slices' INSERT as one statement."""
-    values = ", ".join([rawsql.placeholders(len(_SLICE_INSERT) - 3)] * n)
-    given = [f"c{i}" for i in range(len(_SLICE_INSERT) - 3)]  # card ... compute: from VALUES
+    values = ", ".join([rawsql.placeholders(len(SLICE_VALUES))] * n)
+    given = [f"c{i}" for i in range(len(SLICE_VALUES))]  # card ... priority: from VALUES
+    # A VALUES column of nothing but NULLs (no slice asked for a priority) is text to
+    # PostgreSQL: the cast gives it the column's type.
+    picked = [
+        f"CAST(v.{c} AS smallint)" if name == "priority" else f"v.{c}"
+        for c, name in zip(given, SLICE_VALUES, strict=True)
+    ]
     return (
         f"WITH b AS ({_sql('insert_binding')} RETURNING {column(PodBinding, 'id')}) "
         f"INSERT INTO {table(Slice)} ({columns(Slice, _SLICE_INSERT)}) "
-        f"SELECT b.{column(PodBinding, 'id')}, {', '.join(f'v.{c}' for c in given)}, TRUE, %s "
+        f"SELECT b.{column(PodBinding, 'id')}, {', '.join(picked)}, TRUE, %s "
         f"FROM b, (VALUES {values}) AS v ({', '.join(given)}) "
         f"RETURNING {column(Slice, 'binding')}"
     )
 
 
 def insert_slices(binding_id: int, slices: Sequence[tuple[Any, ...]], now: datetime) -> None:
-    """INSERT active slices of a binding row that exists: (card id, container name, container
-    index, init, memory MiB, compute percent) each, in one statement."""
+    """INSERT active slices of a binding row that exists (`SLICE_VALUES` each), in one
+    statement."""
     if slices:
         rawsql.execute(*_slices_insert("%s", binding_id, slices, now))
 

@@ -2,15 +2,16 @@
 
 The one place the ledger's usage is added up. The rule is the scheduling core's
 (`claims_per_card`: per card, each pod's claim, an init container at its peak and not on top of
-the app containers; `usage_of`: what a pod counts against its quota). Filter, bind, the
-dashboard, the REST API and /metrics all read usage here, so they never disagree on how full a
-card or a namespace is.
+the app containers, a sidecar beside every container after it; `usage_of`: what a pod counts
+against its quota). Filter, bind, the dashboard, the REST API and /metrics all read usage here,
+so they never disagree on how full a card or a namespace is.
 
 Two ways in, the same figures (a test holds them equal):
 - `card_usage` / `namespace_usage` for the whole cluster: the database sums the app slices per
-  card (or namespace) and only the few pods that hold an init slice are folded by the core's
-  rule and added as a correction. Reading and folding every one of 20,000 slice rows instead
-  took the overview page and the quota page twice to three times as long.
+  card (or namespace) and only the few pods that hold an init slice (sidecars are init slices)
+  are folded by the core's rule and added as a correction. Reading and folding every one of
+  20,000 slice rows instead took the overview page and the quota page twice to three times as
+  long.
 - `claims_of` for slice rows a caller already holds (bind's locked read of one node, the
   snapshot, a page of cards): the core's fold of those rows.
 """
@@ -37,7 +38,8 @@ from controlplane.scheduling import (
 EMPTY_CARD = CardClaim(0, 0, 0, False)
 # The columns of a slice row as the core folds them (`LedgerSlice`).
 SLICE_ROW = (
-    "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent"
+    "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent",
+    "sidecar",
 )  # fmt: skip
 _EXCLUSIVE = Max(Case(When(compute_percent__gte=100, then=Value(1)), default=Value(0)))
 
@@ -110,14 +112,15 @@ def _init_corrections(
         .order_by()
         .values_list(*SLICE_ROW, *extra)
     )
-    extra_of = {r[0]: tuple(r[6:]) for r in rows}
+    width = len(SLICE_ROW)
+    extra_of = {r[0]: tuple(r[width:]) for r in rows}
     plain: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
     folded: dict[int, list[SliceClaim]] = defaultdict(list)
-    for binding_id, card_id, index, init, memory, cores, *_ in rows:
+    for binding_id, card_id, index, init, memory, cores, sidecar, *_ in rows:
         if not init:
             base = plain[(binding_id, card_id)]
             base[0], base[1], base[2] = base[0] + memory, base[1] + cores, base[2] + 1
-        folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores))
+        folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores, sidecar))
     out = []
     for binding_id, claims in folded.items():
         for card_key, claim in claims_per_card(claims).items():

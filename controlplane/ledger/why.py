@@ -29,7 +29,8 @@ WAITING = (Outcome.UNSCHEDULABLE, Outcome.INVALID, Outcome.BIND_FAILED)
 
 @dataclass(frozen=True, slots=True)
 class BindingFacts:
-    """A binding as the answer needs it: its phase, node and what its app containers hold."""
+    """A binding as the answer needs it: its phase, node and what it holds while it runs (its
+    app and sidecar containers)."""
 
     pod_uid: str
     phase: str
@@ -84,9 +85,10 @@ def binding_facts(namespace: str, name: str) -> BindingFacts | None:
     if row is None:
         return None
     slices = Slice.objects.filter(binding_id=row[0])
+    # What the pod holds while it runs: its app containers and its sidecars.
+    running = Q(init_container=False) | Q(sidecar=True)
     totals = slices.aggregate(
-        memory=Sum("memory_mib", filter=Q(init_container=False)),
-        cores=Sum("compute_percent", filter=Q(init_container=False)),
+        memory=Sum("memory_mib", filter=running), cores=Sum("compute_percent", filter=running)
     )
     cards = sorted(set(slices.values_list("card__uuid", flat=True)))
     return BindingFacts(

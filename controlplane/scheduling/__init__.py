@@ -29,7 +29,13 @@ from controlplane.scheduling.fit import (
     score_node,
 )
 from controlplane.scheduling.quantity import parse_quantity
-from controlplane.scheduling.quota import QuotaLimits, QuotaUsage, check_quota, usage_of
+from controlplane.scheduling.quota import (
+    QuotaLimits,
+    QuotaUsage,
+    check_quota,
+    least_demand,
+    usage_of,
+)
 from controlplane.scheduling.request import (
     ContainerRequest,
     PodRequest,
@@ -66,6 +72,7 @@ __all__ = [
     "explain",
     "filter_nodes",
     "fit_node",
+    "least_demand",
     "parse_pod",
     "parse_quantity",
     "place_on_node",

@@ -1,10 +1,13 @@
 """What one pod holds on each card, with Kubernetes init-container semantics.
 
 Init containers run one at a time before the app containers start, so a pod never needs
-its init and app slices at the same moment. Like the kubelet's effective-request rule, the
-pod's claim on a card is the larger of its biggest single init container there and the sum
-of its app containers there. Fit uses exactly this rule, and the control plane sums ledger
-rows through it, so the two never disagree on how much room a pod takes.
+its init and app slices at the same moment. Sidecars (init containers with `restartPolicy:
+Always`) start in order among the init containers and keep running beside every later init
+container and the app containers. Like the kubelet's effective-request rule, the pod's claim
+on a card is the larger of (its app containers and all its sidecars there) and, over its
+ordinary init containers, (that container and the sidecars started before it there). Fit
+uses exactly this rule, and the control plane sums ledger rows through it, so the two never
+disagree on how much room a pod takes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class SliceClaim:
     init: bool
     memory_mib: int
     cores: int
+    sidecar: bool = False  # an init container that keeps running (restartPolicy: Always)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,44 +45,49 @@ class CardClaim:
 def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
     """Fold the slices of ONE pod into its claim per card uuid.
 
-    Per card and per dimension: ``max(largest init container's use, sum of app use)``;
-    slots: ``max(1 if any init slice is there, number of app slices there)``.
+    Per card and per dimension: ``max(steady, largest init phase)`` where ``steady`` is the
+    sum of the app and sidecar slices there and an ordinary init container's phase is its use
+    plus the sidecars before it (lower ``container_index``) there; slots count one for an
+    init container, one per app or sidecar slice.
     """
     # card -> container index -> (memory, cores); a container normally has one slice per
     # card, but summing keeps a malformed ledger from being under-counted.
     init_use: dict[str, dict[int, tuple[int, int]]] = {}
-    app_use: dict[str, list[int]] = {}  # card -> [memory, cores, slices]
+    side_use: dict[str, list[tuple[int, int, int]]] = {}  # card -> [(index, memory, cores)]
+    app_use: dict[str, list[int]] = {}  # card -> [memory, cores, slices], sidecars included
     exclusive: set[str] = set()
     for s in slices:
         if s.cores >= 100:
             exclusive.add(s.card_uuid)
-        if s.init:
+        if s.init and not s.sidecar:
             per_container = init_use.setdefault(s.card_uuid, {})
             mem, cores = per_container.get(s.container_index, (0, 0))
             per_container[s.container_index] = (mem + s.memory_mib, cores + s.cores)
-        else:
-            acc = app_use.setdefault(s.card_uuid, [0, 0, 0])
-            acc[0] += s.memory_mib
-            acc[1] += s.cores
-            acc[2] += 1
+            continue
+        if s.sidecar:
+            side_use.setdefault(s.card_uuid, []).append((s.container_index, s.memory_mib, s.cores))
+        acc = app_use.setdefault(s.card_uuid, [0, 0, 0])
+        acc[0] += s.memory_mib
+        acc[1] += s.cores
+        acc[2] += 1
     result: dict[str, CardClaim] = {}
     for card in sorted(init_use.keys() | app_use.keys()):
-        app_mem, app_cores, app_slots = app_use.get(card, (0, 0, 0))
-        inits = init_use.get(card, {}).values()
-        init_mem = max((m for m, _ in inits), default=0)
-        init_cores = max((c for _, c in inits), default=0)
+        mem, cores, slots = app_use.get(card, (0, 0, 0))
+        sides = side_use.get(card, ())
+        for index, (init_mem, init_cores) in init_use.get(card, {}).items():
+            before = [s for s in sides if s[0] < index]
+            mem = max(mem, init_mem + sum(s[1] for s in before))
+            cores = max(cores, init_cores + sum(s[2] for s in before))
+            slots = max(slots, 1 + len(before))
         result[card] = CardClaim(
-            memory_mib=max(init_mem, app_mem),
-            cores=max(init_cores, app_cores),
-            slots=max(1 if inits else 0, app_slots),
-            exclusive=card in exclusive,
+            memory_mib=mem, cores=cores, slots=slots, exclusive=card in exclusive
         )
     return result
 
 
-# (pod, card, container index, init, memory MiB, cores): a slice as the ledger stores it, with
-# the pod's and the card's row ids.
-LedgerSlice = tuple[int, int, int, bool, int, int]
+# (pod, card, container index, init, memory MiB, cores, sidecar): a slice as the ledger stores it,
+# with the pod's and the card's row ids.
+LedgerSlice = tuple[int, int, int, bool, int, int, bool]
 
 
 def _tally(
@@ -94,9 +103,11 @@ def _tally(
     with_init = {r[0] for r in rows if r[3]}
     sums: dict[tuple[int, int], list[int]] = {}
     folded: dict[int, list[SliceClaim]] = {}
-    for pod, card, index, init, memory, cores in rows:
+    for pod, card, index, init, memory, cores, sidecar in rows:
         if pod in with_init:
-            folded.setdefault(pod, []).append(SliceClaim(str(card), index, init, memory, cores))
+            folded.setdefault(pod, []).append(
+                SliceClaim(str(card), index, init, memory, cores, sidecar)
+            )
             continue
         t = sums.get((pod if per_pod else 0, card))
         if t is None:

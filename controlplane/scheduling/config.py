@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 
 BINPACK = "binpack"
 SPREAD = "spread"
+#: The node policies, and the GPU policies that order cards by the room they leave.
 POLICIES: tuple[str, ...] = (BINPACK, SPREAD)
+#: What else a GPU policy may name (HAMi's words; docs/scheduling.md section 1): ``numa`` orders
+#: cards by NUMA node, ``mutex`` keeps the pod off cards that hold any slice, ``topology-aware``
+#: asks for the best-connected cards (Tessera has no link data: it places as without it).
+NUMA = "numa"
+MUTEX = "mutex"
+TOPOLOGY_AWARE = "topology-aware"
+GPU_POLICY_WORDS: tuple[str, ...] = (BINPACK, SPREAD, NUMA, MUTEX, TOPOLOGY_AWARE)
 
 #: Upper bounds that turn obviously wrong input into an error instead of a pod that can
 #: never be placed (or an integer overflow in a downstream C shim).
@@ -26,17 +34,21 @@ class ResourceNames:
     gpumem: str = "nvidia.com/gpumem"
     gpumem_percentage: str = "nvidia.com/gpumem-percentage"
     gpucores: str = "nvidia.com/gpucores"
+    # A container's task priority (HAMi: 0 high, 1 low). Not a GPU ask by itself, but
+    # kube-scheduler must ignore it like the others: no node advertises it.
+    priority: str = "nvidia.com/priority"
 
     def __post_init__(self) -> None:
-        names = (self.gpu, self.gpumem, self.gpumem_percentage, self.gpucores)
+        names = self.all()
         if any(not n for n in names):
             raise ValueError("resource names must be non-empty strings")
         if len(set(names)) != len(names):
             raise ValueError(f"resource names must be distinct, got {names}")
 
-    def all(self) -> tuple[str, str, str, str]:
-        """The four names, in a fixed order (gpu, gpumem, gpumem-percentage, gpucores)."""
-        return (self.gpu, self.gpumem, self.gpumem_percentage, self.gpucores)
+    def all(self) -> tuple[str, ...]:
+        """Every managed name, in a fixed order (gpu, gpumem, gpumem-percentage, gpucores,
+        priority): what the scheduler profile lists as managedResources."""
+        return (self.gpu, self.gpumem, self.gpumem_percentage, self.gpucores, self.priority)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from controlplane.scheduling.request import ContainerPlan, Plan, PodRequest
+from controlplane.scheduling.request import SHARED_MODE, ContainerPlan, Plan, PodRequest
 from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
 from controlplane.scheduling.state import (
     KEY_BITS,
@@ -40,9 +40,13 @@ _State = tuple[list[int], list[int], list[int], list[bool], list[bool]]
 
 
 class _Failure:
-    """Where the greedy stopped: the container, the cards that still had room, the state."""
+    """Where the greedy stopped: the container, the cards that still had room, the state.
 
-    __slots__ = ("candidates", "container", "labels", "own", "state")
+    ``numa_split`` is True when enough cards had room but no NUMA node had enough of them
+    (the pod asked for nvidia.com/numa-bind).
+    """
+
+    __slots__ = ("candidates", "container", "labels", "numa_split", "own", "state")
 
     def __init__(
         self,
@@ -51,12 +55,14 @@ class _Failure:
         state: _State,
         own: set[int],
         labels: tuple[str, ...],
+        numa_split: bool = False,
     ) -> None:
         self.container = container
         self.labels = labels
         self.candidates = candidates
         self.state = state
-        self.own = own  # positions holding an earlier app slice of this same pod
+        self.own = own  # positions holding an earlier slice of this same pod
+        self.numa_split = numa_split
 
 
 # ------------------------------------------------------------------ the one algorithm
@@ -94,20 +100,16 @@ def _greedy(
 ) -> list[list[int]] | _Failure:
     """Choose card positions for every slice of every container, or say where it fails.
 
-    Init containers each fit against the node as it is (they run one at a time, before the
-    app containers; see claims.py). App containers are placed in order, each seeing the
-    slices of the earlier ones. A container's slices go on distinct cards; because they are
-    identical, placing them one by one with the policy's choice equals taking the best
-    ``gpus`` feasible cards by (free memory after placement, index): ascending for binpack,
-    descending free memory for spread.
+    Containers are placed in order on one working state. An ordinary init container reads it
+    and leaves no trace (init containers run one at a time, before the app containers; see
+    claims.py), so it sees the node as it is plus the sidecars started before it. A sidecar
+    and each app container take room that every later container sees. A container's slices
+    go on distinct cards; because they are identical, placing them one by one with the
+    policy's choice equals taking the best ``gpus`` feasible cards by (free memory after
+    placement, index): ascending for binpack, descending free memory for spread, with the
+    card's NUMA node before or after the room where the policy names ``numa``. With
+    numa-bind they are the best ``gpus`` of the first NUMA node to offer that many.
     """
-    init_state: _State = (
-        list(view.raw_fmem),
-        list(view.fcu),
-        list(view.fslots),
-        list(view.busy),
-        list(view.excl),
-    )
     work: _State = (
         list(view.raw_fmem),
         list(view.fcu),
@@ -115,29 +117,49 @@ def _greedy(
         list(view.busy),
         list(view.excl),
     )
+    fm, fc, fs, busy, ex = work
     own: set[int] = set()
-    tmem = view.tmem
+    tmem, tcu = view.tmem, view.tcu
     binpack = plan.gpu_binpack
+    order = plan.numa_order
+    numa = view.numa if order or plan.numa_bind else ()
     chosen: list[list[int]] = []
     for cp in plan.containers:
-        fm, fc, fs, busy, ex = init_state if cp.init else work
         cores = cp.cores
-        exclusive = cores >= 100
-        cand: list[tuple[int, int]] = []
+        strict = cp.strict
+        cand: list[tuple[int, ...]] = []
         for p in range(view.n):
             if allowed is not None and not allowed[p]:
                 continue
             need = cp.need(tmem[p])
-            if ex[p] or fs[p] <= 0 or need > fm[p] or cores > fc[p] or (exclusive and busy[p]):
+            if (
+                ex[p]
+                or fs[p] <= 0
+                or need > fm[p]
+                or cores > fc[p]
+                or (not fc[p] and tcu[p])  # compute fully booked: not even a 0% slice
+                or (strict and busy[p])
+            ):
                 continue
-            after = fm[p] - need
-            cand.append((after if binpack else -after, p))
-        if len(cand) < cp.gpus:
-            state = init_state if cp.init else work
-            return _Failure(cp, [p for _, p in cand], state, set() if cp.init else own, view.labels)
+            room = fm[p] - need if binpack else need - fm[p]
+            if not order:
+                cand.append((room, p))
+            elif order == 1:
+                cand.append((numa[p], room, p))
+            else:
+                cand.append((room, numa[p], p))
+        gpus = cp.gpus
+        if len(cand) < gpus:
+            return _Failure(cp, [c[-1] for c in cand], work, own, view.labels)
         cand.sort()
-        picks = [p for _, p in cand[: cp.gpus]]
-        if not cp.init:
+        if plan.numa_bind and gpus > 1:
+            picks = _one_numa_node(cand, numa, gpus)
+            if picks is None:
+                return _Failure(cp, [c[-1] for c in cand], work, own, view.labels, True)
+        else:
+            picks = [c[-1] for c in cand[:gpus]]
+        if not cp.init or cp.sidecar:
+            exclusive = cores >= 100
             for p in picks:
                 fm[p] -= cp.need(tmem[p])
                 fc[p] -= cores
@@ -150,6 +172,21 @@ def _greedy(
     return chosen
 
 
+def _one_numa_node(
+    cand: list[tuple[int, ...]], numa: tuple[int, ...], gpus: int
+) -> list[int] | None:
+    """The first ``gpus`` candidates (in the policy's order) of the first NUMA node to offer
+    that many; None when no NUMA node does."""
+    seen: dict[int, list[int]] = {}
+    for c in cand:
+        p = c[-1]
+        group = seen.setdefault(numa[p], [])
+        group.append(p)
+        if len(group) == gpus:
+            return group
+    return None
+
+
 # --------------------------------------------------------------- cheaper equivalents
 
 
@@ -157,17 +194,16 @@ def _count(view: NodeView, cp: ContainerPlan, allowed: tuple[bool, ...] | None, 
     """Cards that could take one slice of ``cp`` on the node as it is (stops at ``enough``).
 
     Same test as the greedy's, on the initial state: ``fmem`` already folds "exclusive
-    tenant" and "no free slot" into -1 MiB, which no need (>= 0) fits in.
+    tenant", "no free slot" and "no compute left" into -1 MiB, which no need (>= 0) fits in.
     """
-    kind, value, cores = cp.kind, cp.value, cp.cores
-    exclusive = cores >= 100
+    kind, value, cores, strict = cp.kind, cp.value, cp.cores, cp.strict
     fmem, fcu, tmem, busy = view.fmem, view.fcu, view.tmem, view.busy
     found = 0
     for p in range(view.n):
         if allowed is not None and not allowed[p]:
             continue
         need = value if kind == 0 else tmem[p] * value // 100 if kind == 1 else tmem[p]
-        if fmem[p] >= need and fcu[p] >= cores and not (exclusive and busy[p]):
+        if fmem[p] >= need and fcu[p] >= cores and not (strict and busy[p]):
             found += 1
             if found >= enough:
                 break
@@ -193,7 +229,9 @@ def _count_abs(view: NodeView, need: int, cores: int, enough: int) -> int:
 def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, enough: int) -> int:
     """Cards that could hold one slice of EVERY app container at the same time.
 
-    Only meaningful when no app container is exclusive (the caller checks).
+    Only meaningful when no app container is strict (the caller checks). ``stack_cores``
+    keeps 1% over for an app container that asks 0% after the others took theirs (a card with
+    no compute left refuses even that).
     """
     n_app = len(plan.apps)
     base, pcts, whole, cores = plan.stack_abs, plan.stack_pcts, plan.stack_whole, plan.stack_cores
@@ -231,8 +269,8 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
        position is flipped and the list read from the top). Each container takes the first
        ``gpus`` keys in that order that pass the compute test, exactly the head of the
        greedy's sorted candidate list; those cards lose the memory, the compute and a slot,
-       and a card whose last slot goes gets a key below every need. Init containers are
-       counted separately; they leave no trace on the app containers' room.
+       and a card whose last slot or last compute goes gets a key below every need. Init
+       containers are counted separately; they leave no trace on the app containers' room.
 
     The plan's numbers are bound once into a closure: this runs for every node of the
     cluster.
@@ -289,14 +327,15 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
                 while j < last:
                     key = work[j]
                     p = key & KEY_MASK
-                    # Live cards keep compute >= 0, so a 0% ask always passes.
+                    # Live cards have compute left (or none to book: 0 units), so a 0% ask
+                    # passes; a pick that books the last of it retires the card.
                     if fc_[p] >= cores:
                         fc_[p] -= cores
                         if fs_ is None:
-                            work[j] = key - floor
+                            work[j] = _GONE if cores and not fc_[p] else key - floor
                         else:
                             fs_[p] -= 1
-                            work[j] = key - floor if fs_[p] else _GONE
+                            work[j] = key - floor if fs_[p] and (fc_[p] or not cores) else _GONE
                         left -= 1
                         if not left:
                             break
@@ -313,10 +352,10 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
                     if fc_[p] >= cores:
                         fc_[p] -= cores
                         if fs_ is None:
-                            work[j] = key - floor
+                            work[j] = _GONE if cores and not fc_[p] else key - floor
                         else:
                             fs_[p] -= 1
-                            work[j] = key - floor if fs_[p] else _GONE
+                            work[j] = key - floor if fs_[p] and (fc_[p] or not cores) else _GONE
                         left -= 1
                         if not left:
                             break
@@ -336,7 +375,7 @@ def _fits_general(view: NodeView, plan: Plan) -> bool:
        identical, so each init container succeeds iff at least ``gpus`` cards can take one
        slice: a count, exact.
     2. One app container: the same count, exact.
-    3. Several app containers, none exclusive: if at least max(gpus) cards can each hold one
+    3. Several app containers, none strict: if at least max(gpus) cards can each hold one
        slice of every app container at once, the greedy succeeds. Proof: at container k's
        turn such a card has received at most one slice of each earlier container, so what
        is left still covers container k; container k needs ``gpus_k`` distinct feasible
@@ -344,15 +383,22 @@ def _fits_general(view: NodeView, plan: Plan) -> bool:
     4. Placing slices only ever removes room, so a container that fails the count on the
        untouched node fails in the greedy too. (Necessary only.)
     5. Otherwise run the greedy itself.
+
+    Steps 1-4 hold for any order of cards (``numa``) and for strict slices (``mutex``: the
+    count skips busy cards, and no stack is strict-free). Sidecars (init containers that take
+    room from later ones) and numa-bind (a count of cards is not a count per NUMA node) go
+    straight to the greedy.
     """
     if not view.ok:
         return False
     allowed = _allowed(view, plan)
+    if plan.greedy_only:
+        return not isinstance(_greedy(view, plan, allowed), _Failure)
     for cp in plan.inits:
         if _count(view, cp, allowed, cp.gpus) < cp.gpus:
             return False
     apps = plan.apps
-    if len(apps) == 1 and allowed is None and apps[0].kind == 0 and apps[0].cores < 100:
+    if len(apps) == 1 and allowed is None and apps[0].kind == 0 and not apps[0].strict:
         only = apps[0]
         return _count_abs(view, only.value, only.cores, only.gpus) >= only.gpus
     if not apps:
@@ -374,8 +420,11 @@ def _fitter(plan: Plan) -> _Fitter:
 
     With include/exclude annotations, a node where the pod may use every schedulable card
     is tested as if there were none, a node where it may use none fails, and only the
-    rest take the general path with a per-card mask.
+    rest take the general path with a per-card mask. A pod that asks for a card mode no
+    Tessera card has (vgpu-mode) fits nowhere.
     """
+    if plan.mode_refused:
+        return lambda view: False
     base = _shape_fitter(plan)
     if not plan.filtered:
         return base
@@ -435,7 +484,8 @@ def _shape_fitter(plan: Plan) -> _Fitter:
 
 
 def _who(cp: ContainerPlan) -> str:
-    return f"{'init container' if cp.init else 'container'} '{cp.request.name}'"
+    kind = "sidecar container" if cp.sidecar else "init container" if cp.init else "container"
+    return f"{kind} '{cp.request.name}'"
 
 
 def _card_name(card: CardState) -> str:
@@ -503,6 +553,14 @@ def _room_reason(card: CardState, p: int, failure: _Failure, who: str) -> Refusa
             card.uuid,
             False,
         )
+    if cp.strict and busy[p]:
+        return Refusal(
+            ReasonCode.EXCLUSIVE_CONFLICT,
+            f"{name} already holds slices{note}; the pod's GPU policy is mutex (only cards "
+            "that hold no slice)",
+            card.uuid,
+            False,
+        )
     if fs[p] <= 0:
         if card.slots <= 0:
             msg = f"{name} takes no slices (0 slots)"
@@ -529,6 +587,14 @@ def _room_reason(card: CardState, p: int, failure: _Failure, who: str) -> Refusa
             f"{name}: {who} needs {cp.cores}% compute, the card has {card.compute_units} in total",
             card.uuid,
             True,
+        )
+    if cp.cores <= 0 < card.compute_units and fc[p] <= 0:
+        return Refusal(
+            ReasonCode.INSUFFICIENT_COMPUTE,
+            f"{name}: all of its compute is booked (0% free{note}); {who} asks for no compute "
+            "share (gpucores 0), which still needs some",
+            card.uuid,
+            False,
         )
     return Refusal(
         ReasonCode.INSUFFICIENT_COMPUTE,
@@ -559,6 +625,21 @@ def _all_excluded(node: NodeState, plan: Plan, request: PodRequest) -> Refusal:
         ReasonCode.UUID_EXCLUDED,
         f"node {node.name}: all {len(node.cards)} cards are excluded by the pod's "
         "nvidia.com/use-gpuuuid / nouse-gpuuuid",
+        None,
+        True,
+    )
+
+
+def _mode_refusal(node: NodeState, request: PodRequest) -> Refusal:
+    """One refusal for a pod whose nvidia.com/vgpu-mode names no mode Tessera's cards are in."""
+    modes = " or ".join(m.upper() for m in request.vgpu_modes)
+    return Refusal(
+        ReasonCode.MODE_MISMATCH,
+        f"no card is in {modes} mode: the pod's nvidia.com/vgpu-mode asks for "
+        f"{', '.join(request.vgpu_modes)}, and the {len(node.cards)} card(s) of node "
+        f"{node.name}, like every Tessera card, share by slices (HAMi's {SHARED_MODE} mode); "
+        f"Tessera has no MIG or MPS cards yet. Set the annotation to {SHARED_MODE} (or remove "
+        "it) to run on shared slices",
         None,
         True,
     )
@@ -611,6 +692,8 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
         )
     view = node.view
     plan = request.plan
+    if plan.mode_refused:
+        return (_mode_refusal(node, request),)
     allowed = _allowed(view, plan)
     if (
         allowed is not None
@@ -627,6 +710,10 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
     who = _who(cp)
     candidates = set(outcome.candidates)
     ever = 0
+    # numa-bind: cards by NUMA node, those that could ever hold the slice and those with room
+    bound = plan.numa_bind and cp.gpus > 1
+    ever_on: dict[int, int] = {}
+    room_on: dict[int, int] = {}
     per_card: list[Refusal] = []
     for card, p in view.by_index:
         # Unschedulable cards (p < 0) always have a static reason; schedulable ones only
@@ -638,11 +725,27 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
                 continue
         if _ever_fits(card, cp):
             ever += 1
+            if bound:
+                ever_on[view.numa[p]] = ever_on.get(view.numa[p], 0) + 1
         if p not in candidates:
             per_card.append(_room_reason(card, p, outcome, who))
+        elif bound:
+            room_on[view.numa[p]] = room_on.get(view.numa[p], 0) + 1
     need_cards = cp.gpus
+    most = max(ever_on.values(), default=0)
+    if bound and most < need_cards <= ever:
+        refusals.append(
+            Refusal(
+                ReasonCode.TOO_FEW_CARDS,
+                f"{who} needs {need_cards} cards on one NUMA node (nvidia.com/numa-bind); "
+                f"node {node.name} has at most {most} on any one NUMA node that could ever "
+                "hold its slice",
+                None,
+                True,
+            )
+        )
     # With no card able ever to hold the slice, the per-card reasons already say it all.
-    if ever < need_cards and (ever > 0 or not per_card):
+    elif ever < need_cards and (ever > 0 or not per_card):
         refusals.append(
             Refusal(
                 ReasonCode.TOO_FEW_CARDS,
@@ -650,6 +753,17 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
                 f"{cp.cores}% compute each; node {node.name} has {ever} that could ever hold one",
                 None,
                 True,
+            )
+        )
+    elif outcome.numa_split:
+        refusals.append(
+            Refusal(
+                ReasonCode.TOO_FEW_CARDS,
+                f"{who} needs {need_cards} cards with room on one NUMA node "
+                f"(nvidia.com/numa-bind); node {node.name} has {len(candidates)} with room, "
+                f"at most {max(room_on.values(), default=0)} on any one NUMA node now",
+                None,
+                False,
             )
         )
     elif candidates:
@@ -685,9 +799,9 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
     best card first.
     """
     view = node.view
-    if not view.ok:
-        return NodeFit(node.name, False, explain(node, request))
     plan = request.plan
+    if not view.ok or plan.mode_refused:
+        return NodeFit(node.name, False, explain(node, request))
     outcome = _greedy(view, plan, _allowed(view, plan))
     if isinstance(outcome, _Failure):
         return NodeFit(node.name, False, explain(node, request))
@@ -704,16 +818,17 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
                     card_uuid=card.uuid,
                     memory_mib=cp.need(card.memory_mib),
                     cores=c.cores,
+                    sidecar=c.sidecar,
+                    priority=c.priority,
                 )
             )
     return tuple(out)
 
 
 def _demand(plan: Plan, card_mib: int) -> int:
-    """The pod's memory on a node whose cards average ``card_mib``: max(init peak, app sum)."""
-    app = sum(cp.gpus * cp.need(card_mib) for cp in plan.apps)
-    init = max((cp.gpus * cp.need(card_mib) for cp in plan.inits), default=0)
-    return max(app, init)
+    """The pod's memory on a node whose cards average ``card_mib``, at its peak (Plan.peak:
+    the app containers with the sidecars, or an init container with the sidecars before it)."""
+    return plan.peak(lambda cp: cp.gpus * cp.need(card_mib))
 
 
 def _score(view: NodeView, plan: Plan, demand: int | None) -> int:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controlplane.scheduling.claims import CardClaim
+from controlplane.scheduling.request import PodRequest
 from controlplane.scheduling.result import ReasonCode, Refusal
 
 
@@ -25,6 +26,16 @@ class QuotaUsage:
     memory_mib: int = 0
     cores: int = 0
     gpus: int = 0
+
+    def __ge__(self, other: QuotaUsage) -> bool:
+        """Every dimension at least ``other``'s."""
+        if not isinstance(other, QuotaUsage):
+            return NotImplemented
+        return (
+            self.memory_mib >= other.memory_mib
+            and self.cores >= other.cores
+            and self.gpus >= other.gpus
+        )
 
     def __add__(self, other: QuotaUsage) -> QuotaUsage:
         if not isinstance(other, QuotaUsage):
@@ -46,6 +57,23 @@ def usage_of(claims: Mapping[str, CardClaim] | Mapping[int, CardClaim]) -> Quota
         memory_mib=sum(c.memory_mib for c in claims.values()),
         cores=sum(c.cores for c in claims.values()),
         gpus=sum(c.slots for c in claims.values()),
+    )
+
+
+def least_demand(request: PodRequest, card_memory_mib: int) -> QuotaUsage:
+    """A lower bound of what any placement of the pod counts against its quota, with
+    percentage and whole-card asks valued on a card of ``card_memory_mib`` (the smallest card
+    it could get).
+
+    Per dimension the pod's peak (PodRequest.peak): its app containers with its sidecars, or
+    an init container with the sidecars started before it. Where slices share a card the claim
+    is the larger of the two there (claims.claims_per_card), and summed over cards that is
+    never below either total.
+    """
+    return QuotaUsage(
+        memory_mib=request.peak(lambda c: c.gpus * c.memory_on(card_memory_mib)),
+        cores=request.peak(lambda c: c.gpus * c.cores),
+        gpus=request.peak(lambda c: c.gpus),
     )
 
 

@@ -6,14 +6,17 @@ extender can hand the sentence straight back to the person who wrote the manifes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.scheduling.config import (
     BINPACK,
+    GPU_POLICY_WORDS,
     MAX_GPUS_PER_CONTAINER,
     MAX_MEMORY_MIB,
+    MUTEX,
+    NUMA,
     POLICIES,
     SPREAD,
     SchedulingConfig,
@@ -28,6 +31,18 @@ ANN_NODE_POLICY = "tessera.io/node-policy"
 ANN_GPU_POLICY = "tessera.io/gpu-policy"
 ANN_HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
 ANN_HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+ANN_NUMA_BIND = "nvidia.com/numa-bind"
+ANN_VGPU_MODE = "nvidia.com/vgpu-mode"
+
+#: HAMi's card modes (nvidia.com/vgpu-mode). Every Tessera card shares by slices, HAMi's
+#: "hami-core" mode; none is in MIG or MPS mode yet.
+SHARED_MODE = "hami-core"
+VGPU_MODES: tuple[str, ...] = (SHARED_MODE, "mig", "mps")
+#: Task priorities (nvidia.com/priority): 0 high, 1 low.
+PRIORITIES: tuple[int, ...] = (0, 1)
+# strconv.ParseBool's spellings, which HAMi reads nvidia.com/numa-bind with.
+_TRUE = ("1", "t", "true")
+_FALSE = ("0", "f", "false")
 
 _DEFAULT_CONFIG = SchedulingConfig()
 
@@ -47,7 +62,10 @@ class ContainerRequest:
 
     ``index`` is the position in ``spec.containers`` (or ``spec.initContainers`` when
     ``init``). Memory per slice is ``memory_mib`` if set, else ``memory_percent`` of the
-    chosen card's memory (rounded down), else the whole card.
+    chosen card's memory (rounded down), else the whole card. ``sidecar`` marks an init
+    container with ``restartPolicy: Always``: it keeps running beside every later init
+    container and the app containers. ``priority`` is the task priority asked with
+    ``nvidia.com/priority`` (0 high, 1 low), None when not asked.
     """
 
     name: str
@@ -57,6 +75,8 @@ class ContainerRequest:
     memory_mib: int | None
     memory_percent: int | None
     cores: int
+    sidecar: bool = False
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus <= MAX_GPUS_PER_CONTAINER:
@@ -69,6 +89,10 @@ class ContainerRequest:
             raise ValueError(f"cores must be 0..100, got {self.cores}")
         if self.index < 0:
             raise ValueError(f"index must not be negative, got {self.index}")
+        if self.sidecar and not self.init:
+            raise ValueError("only an init container can be a sidecar")
+        if self.priority is not None and self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be 0 (high) or 1 (low), got {self.priority}")
 
     def memory_on(self, card_memory_mib: int) -> int:
         """MiB one slice of this container takes on a card with ``card_memory_mib`` in total."""
@@ -91,15 +115,19 @@ class ContainerPlan:
     """One container's ask in the shape the filter's loops want (internal to the core).
 
     ``kind`` 0: absolute MiB in ``value``; 1: percent in ``value``; 2: whole card.
+    ``strict``: the slice takes only a card that holds no slice yet (it asks 100% compute, or
+    the pod's GPU policy is ``mutex``).
     """
 
-    __slots__ = ("cores", "gpus", "init", "kind", "request", "value")
+    __slots__ = ("cores", "gpus", "init", "kind", "request", "sidecar", "strict", "value")
 
-    def __init__(self, request: ContainerRequest) -> None:
+    def __init__(self, request: ContainerRequest, mutex: bool = False) -> None:
         self.request = request
         self.init = request.init
+        self.sidecar = request.sidecar
         self.gpus = request.gpus
         self.cores = request.cores
+        self.strict = request.cores >= 100 or mutex
         if request.memory_mib is not None:
             self.kind, self.value = 0, request.memory_mib
         elif request.memory_percent is not None:
@@ -122,6 +150,12 @@ class Plan:
     Besides per-container shapes it holds the "stack" of all app containers, the ask of a
     card that would take one slice of every app container at once, which lets the filter
     prove most nodes feasible with one pass over their cards (see ``fit.py``).
+
+    The rarer asks turn the fast paths off: ``mutex`` (every slice strict), a NUMA order of
+    cards (``numa_order`` 1: NUMA node first, 2: after the room left), ``numa_bind`` (a
+    container's slices on one NUMA node; only meaningful with 2+ GPUs) and sidecar init
+    containers make the filter take the general path or the greedy itself (``greedy_only``);
+    ``mode_refused`` (a vgpu-mode no Tessera card has) refuses every node.
     """
 
     __slots__ = (
@@ -135,12 +169,17 @@ class Plan:
         "containers",
         "filtered",
         "gpu_binpack",
+        "greedy_only",
         "inits",
         "mask_memo",
         "max_app_gpus",
+        "mode_refused",
+        "mutex",
         "node_binpack",
         "nouse_types",
         "nouse_uuids",
+        "numa_bind",
+        "numa_order",
         "single",
         "stack_abs",
         "stack_cores",
@@ -153,9 +192,20 @@ class Plan:
     )
 
     def __init__(self, request: PodRequest) -> None:
-        self.containers = tuple(ContainerPlan(c) for c in request.containers)
+        words = request.gpu_policy.split(",")
+        self.mutex = MUTEX in words
+        self.gpu_binpack = BINPACK in words
+        if NUMA not in words:
+            self.numa_order = 0
+        else:
+            room = words.index(BINPACK if self.gpu_binpack else SPREAD)
+            self.numa_order = 1 if words.index(NUMA) < room else 2
+        self.containers = tuple(ContainerPlan(c, self.mutex) for c in request.containers)
         self.inits = tuple(c for c in self.containers if c.init)
         self.apps = tuple(c for c in self.containers if not c.init)
+        self.numa_bind = request.numa_bind and any(c.gpus > 1 for c in self.containers)
+        self.greedy_only = self.numa_bind or any(c.sidecar for c in self.containers)
+        self.mode_refused = SHARED_MODE not in request.vgpu_modes if request.vgpu_modes else False
         self.use_types = request.use_types
         self.nouse_types = request.nouse_types
         self.use_uuids = frozenset(request.use_uuids)
@@ -163,21 +213,30 @@ class Plan:
         self.filtered = bool(
             request.use_types or request.nouse_types or request.use_uuids or request.nouse_uuids
         )
-        self.gpu_binpack = request.gpu_policy == BINPACK
         self.node_binpack = request.node_policy == BINPACK
+        # The fast shapes below assume plain binpack/spread over independent cards.
+        plain = not (self.mutex or self.numa_order or self.greedy_only or self.mode_refused)
         only = self.containers[0] if len(self.containers) == 1 else None
         # The shapes below ignore card filters: with filters the filter first works out
         # which cards the pod may use, and uses these shapes when that is all of them.
-        self.single = only if only is not None and only.gpus == 1 else None
+        self.single = only if plain and only is not None and only.gpus == 1 else None
         self.max_app_gpus = max((c.gpus for c in self.apps), default=0)
         self.stack_abs = sum(c.value for c in self.apps if c.kind == 0)
         self.stack_pcts = tuple(c.value for c in self.apps if c.kind == 1)
         self.stack_whole = sum(1 for c in self.apps if c.kind == 2)
-        self.stack_cores = sum(c.cores for c in self.apps)
-        self.stack_exclusive = any(c.cores >= 100 for c in self.apps)
+        # A card whose compute ends up fully booked takes no 0%-compute slice after that: a
+        # card holding the stack must still have some compute left when the last 0% container
+        # comes, after at most one slice of each container before it (fit.py, _count_stack).
+        self.stack_cores = before = 0
+        for c in self.apps:
+            if c.cores == 0:
+                self.stack_cores = before + 1  # the prefix only grows: the last 0% one decides
+            before += c.cores
+        self.stack_cores = max(self.stack_cores, before)
+        self.stack_exclusive = any(c.strict for c in self.apps)
         # Two or more app containers, all with absolute memory, none exclusive: the common
         # multi-container shape, which the filter runs on packed keys.
-        simple = all(c.kind == 0 and c.cores < 100 for c in self.apps)
+        simple = plain and all(c.kind == 0 and not c.strict for c in self.apps)
         self.abs_apps = (
             tuple((c.value, c.cores, c.gpus) for c in self.apps)
             if simple and len(self.apps) >= 2
@@ -192,6 +251,26 @@ class Plan:
         # and so do whole nodes' model lists (memoised as per-card masks).
         self.type_memo: dict[str, bool] = {}
         self.mask_memo: dict[str, tuple[bool, ...]] = {}
+
+    def peak(self, value: Callable[[ContainerPlan], int]) -> int:
+        """The most of ``value`` (a per-container amount) the pod holds at any one time.
+
+        Kubernetes' rule for a pod's effective request, sidecars included: the app phase
+        holds every app container and every sidecar; an ordinary init container runs alone
+        beside the sidecars started before it. So the peak is the larger of (app containers +
+        sidecars) and, over ordinary init containers, (that container + earlier sidecars).
+        Per card, claims.claims_per_card folds recorded slices by the same rule.
+        """
+        steady = sidecars = init_peak = 0
+        for c in self.containers:
+            amount = value(c)
+            if not c.init or c.sidecar:
+                steady += amount
+                if c.sidecar:
+                    sidecars += amount
+            else:
+                init_peak = max(init_peak, amount + sidecars)
+        return max(steady, init_peak)
 
     def type_allowed(self, model_l: str) -> bool:
         """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""
@@ -218,7 +297,10 @@ class PodRequest:
 
     ``containers`` holds only containers that ask for a managed resource, init containers
     first (``init=True``) in spec order, then app containers. Type filters are lower-cased
-    substrings of the card model; uuid filters are lower-cased exact uuids.
+    substrings of the card model; uuid filters are lower-cased exact uuids. ``gpu_policy`` is
+    a comma list in canonical form (:func:`gpu_policy_chain`): exactly one of binpack/spread,
+    with numa, mutex and topology-aware where asked. ``numa_bind``: each container's cards on
+    one NUMA node. ``vgpu_modes``: the card modes the pod accepts (empty: any).
     """
 
     uid: str
@@ -231,10 +313,14 @@ class PodRequest:
     nouse_uuids: tuple[str, ...] = ()
     node_policy: str = BINPACK
     gpu_policy: str = SPREAD
+    numa_bind: bool = False
+    vgpu_modes: tuple[str, ...] = ()
     plan: Plan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for label in ("containers", "use_types", "nouse_types", "use_uuids", "nouse_uuids"):
+        for label in (
+            "containers", "use_types", "nouse_types", "use_uuids", "nouse_uuids", "vgpu_modes"
+        ):  # fmt: skip
             value = getattr(self, label)
             if not isinstance(value, tuple):
                 object.__setattr__(self, label, tuple(value))
@@ -242,17 +328,29 @@ class PodRequest:
             raise ValueError("a PodRequest needs at least one container")
         if self.node_policy not in POLICIES:
             raise ValueError(f"node_policy must be one of {POLICIES}, got {self.node_policy!r}")
-        if self.gpu_policy not in POLICIES:
-            raise ValueError(f"gpu_policy must be one of {POLICIES}, got {self.gpu_policy!r}")
+        policy = self.gpu_policy
+        if policy not in POLICIES and gpu_policy_chain(policy, SPREAD) != policy:
+            raise ValueError(
+                f"gpu_policy must be a canonical chain of {', '.join(GPU_POLICY_WORDS)} naming "
+                f"one of binpack and spread, got {self.gpu_policy!r}"
+            )
         for label in ("use_types", "nouse_types", "use_uuids", "nouse_uuids"):
             if any(v != v.lower() or not v for v in getattr(self, label)):
                 raise ValueError(f"{label} must hold non-empty lower-case strings")
+        if self.vgpu_modes and any(m not in VGPU_MODES for m in self.vgpu_modes):
+            raise ValueError(f"vgpu_modes must be among {VGPU_MODES}, got {self.vgpu_modes}")
         object.__setattr__(self, "plan", Plan(self))
 
     @property
     def total_slices(self) -> int:
         """Number of slices over all containers, init ones included."""
         return sum(c.gpus for c in self.containers)
+
+    def peak(self, value: Callable[[ContainerRequest], int]) -> int:
+        """The most of ``value`` (a per-container amount) the pod holds at any one time
+        (:meth:`Plan.peak`: app containers with sidecars, or an init container with the
+        sidecars before it)."""
+        return self.plan.peak(lambda cp: value(cp.request))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form, stored in the ledger; :meth:`from_dict` reads it back."""
@@ -265,10 +363,12 @@ class PodRequest:
                     "name": c.name,
                     "index": c.index,
                     "init": c.init,
+                    "sidecar": c.sidecar,
                     "gpus": c.gpus,
                     "memory_mib": c.memory_mib,
                     "memory_percent": c.memory_percent,
                     "cores": c.cores,
+                    "priority": c.priority,
                 }
                 for c in self.containers
             ],
@@ -278,11 +378,17 @@ class PodRequest:
             "nouse_uuids": list(self.nouse_uuids),
             "node_policy": self.node_policy,
             "gpu_policy": self.gpu_policy,
+            "numa_bind": self.numa_bind,
+            "vgpu_modes": list(self.vgpu_modes),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PodRequest:
-        """Rebuild a request from :meth:`to_dict` output; RequestError names a bad key."""
+        """Rebuild a request from :meth:`to_dict` output; RequestError names a bad key.
+
+        Keys added after the first version (``sidecar``, ``priority``, ``numa_bind``,
+        ``vgpu_modes``) may be missing: requests stored before them still load.
+        """
         if not isinstance(d, Mapping):
             raise RequestError("", "a stored pod request must be a JSON object")
         containers_raw = _get_typed(d, "containers", list, "")
@@ -301,6 +407,8 @@ class PodRequest:
                         memory_mib=_get_optional_int(raw, "memory_mib", path),
                         memory_percent=_get_optional_int(raw, "memory_percent", path),
                         cores=_get_typed(raw, "cores", int, path),
+                        sidecar=_get_typed(raw, "sidecar", bool, path, False),
+                        priority=_get_optional_int(raw, "priority", path),
                     )
                 )
             except ValueError as exc:
@@ -309,7 +417,7 @@ class PodRequest:
                 raise RequestError(path, str(exc)) from exc
         lists = {
             key: tuple(_get_str_list(d, key))
-            for key in ("use_types", "nouse_types", "use_uuids", "nouse_uuids")
+            for key in ("use_types", "nouse_types", "use_uuids", "nouse_uuids", "vgpu_modes")
         }
         try:
             return cls(
@@ -319,6 +427,7 @@ class PodRequest:
                 containers=tuple(containers),
                 node_policy=_get_typed(d, "node_policy", str, ""),
                 gpu_policy=_get_typed(d, "gpu_policy", str, ""),
+                numa_bind=_get_typed(d, "numa_bind", bool, "", False),
                 **lists,
             )
         except RequestError:
@@ -327,12 +436,48 @@ class PodRequest:
             raise RequestError("", str(exc)) from exc
 
 
+def gpu_policy_chain(value: str, default: str) -> str:
+    """A GPU policy as a canonical comma list, or ValueError saying what is accepted.
+
+    HAMi reads ``hami.io/gpu-scheduler-policy`` as an ordered comma list (util.PolicyContains,
+    policy.gpuSortKeyChain): binpack, spread and numa are sort keys in the order written,
+    mutex and topology-aware are conditions. Items are trimmed and lower-cased, empty items
+    and repeats dropped. Of binpack and spread the first named wins (the other could only
+    break ties the first already broke); with neither, ``default`` is added at the end.
+    """
+    words: list[str] = []
+    for part in value.split(","):
+        word = part.strip().lower()
+        if not word or word in words:
+            continue
+        if word not in GPU_POLICY_WORDS:
+            raise ValueError(
+                f"{part.strip()!r} is not a GPU policy; use one of {', '.join(GPU_POLICY_WORDS)}, "
+                "or several separated by commas (e.g. 'binpack,numa')"
+            )
+        if word in POLICIES and any(w in POLICIES for w in words):
+            continue
+        words.append(word)
+    if not words:
+        raise ValueError(f"names no policy; use one of {', '.join(GPU_POLICY_WORDS)}")
+    if not any(w in POLICIES for w in words):
+        words.append(default)
+    return ",".join(words)
+
+
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def _get_typed(d: Mapping[str, Any], key: str, kind: type[Any], prefix: str) -> Any:
+_REQUIRED: Any = object()
+
+
+def _get_typed(
+    d: Mapping[str, Any], key: str, kind: type[Any], prefix: str, default: Any = _REQUIRED
+) -> Any:
     if key not in d:
+        if default is not _REQUIRED:
+            return default
         raise RequestError(_join(prefix, key), "is missing")
     value = d[key]
     # bool is an int subclass; an int field must not silently accept true/false.
@@ -404,9 +549,9 @@ def parse_pod(
         node_policy=_policy(
             annotations, ANN_NODE_POLICY, ANN_HAMI_NODE_POLICY, config.default_node_policy
         ),
-        gpu_policy=_policy(
-            annotations, ANN_GPU_POLICY, ANN_HAMI_GPU_POLICY, config.default_gpu_policy
-        ),
+        gpu_policy=_gpu_policy(annotations, config.default_gpu_policy),
+        numa_bind=_numa_bind(annotations),
+        vgpu_modes=_vgpu_modes(annotations),
     )
 
 
@@ -463,6 +608,48 @@ def _policy(annotations: Mapping[str, Any], own: str, alias: str, default: str) 
     return default
 
 
+def _gpu_policy(annotations: Mapping[str, Any], default: str) -> str:
+    for key in (ANN_GPU_POLICY, ANN_HAMI_GPU_POLICY):
+        value = _annotation(annotations, key)
+        if value is None:
+            continue
+        plain = value.strip().lower()
+        if plain in POLICIES:  # the common case, already canonical
+            return plain
+        try:
+            return gpu_policy_chain(value, default)
+        except ValueError as exc:
+            raise RequestError(f"metadata.annotations.{key}", str(exc)) from None
+    return default
+
+
+def _numa_bind(annotations: Mapping[str, Any]) -> bool:
+    value = _annotation(annotations, ANN_NUMA_BIND)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise RequestError(
+        f"metadata.annotations.{ANN_NUMA_BIND}",
+        f"must be 'true' or 'false', got {value!r}",
+    )
+
+
+def _vgpu_modes(annotations: Mapping[str, Any]) -> tuple[str, ...]:
+    value = _annotation(annotations, ANN_VGPU_MODE)
+    if value is None:
+        return ()
+    modes = _split(value)
+    unknown = [m for m in modes if m not in VGPU_MODES]
+    if unknown or not modes:
+        raise RequestError(
+            f"metadata.annotations.{ANN_VGPU_MODE}",
+            f"must name card modes among {', '.join(VGPU_MODES)} (comma-separated), got {value!r}",
+        )
+    return modes
+
+
 def _parse_container(
     raw: object, path: str, index: int, init: bool, config: SchedulingConfig
 ) -> ContainerRequest | None:
@@ -512,14 +699,14 @@ def _parse_container(
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise RequestError(f"{path}.name", "a container that asks for GPUs needs a name")
-    if init and raw.get("restartPolicy") == "Always":
-        # A sidecar keeps running beside later init and app containers; its share cannot be
-        # folded in with the init-peak rule, so refuse rather than under-count.
-        raise RequestError(
-            f"{path}.restartPolicy",
-            "sidecar init containers (restartPolicy: Always) cannot ask for GPU slices; "
-            "move the GPU resources to a container in spec.containers",
-        )
+    # A restartable init container (Kubernetes' sidecar) keeps running beside every later init
+    # container and the app containers: its slices are held to the end (PodRequest.peak).
+    sidecar = init and raw.get("restartPolicy") == "Always"
+    # The priority is no GPU ask on its own: a container that names only it gets no GPU (HAMi
+    # hands it none either), so it is read once the container is known to ask for one.
+    asked = lookup(names.priority)
+    if asked is not None and asked[0] not in PRIORITIES:
+        raise RequestError(asked[1], f"must be 0 (high) or 1 (low), got {asked[0]}")
 
     gpus = 1 if gpu is None else gpu[0]
     if gpu is not None and gpus > MAX_GPUS_PER_CONTAINER:
@@ -538,11 +725,12 @@ def _parse_container(
                 "the value is in MiB, so write 1024 for 1 GiB",
             )
         memory_mib = mem[0]
-    elif pct is not None:
+    elif pct is not None and pct[0] != 0:
         if not 1 <= pct[0] <= 100:
-            raise RequestError(pct[1], f"must be a percentage from 1 to 100, got {pct[0]}")
+            raise RequestError(pct[1], f"must be a percentage from 0 to 100, got {pct[0]}")
         memory_percent = pct[0]
     else:
+        # gpumem-percentage 0 counts as not given (HAMi: the whole card, or the default).
         memory_mib = config.default_memory_mib
         if memory_mib is None:
             memory_percent = config.default_memory_percent
@@ -556,4 +744,6 @@ def _parse_container(
         memory_mib=memory_mib,
         memory_percent=memory_percent,
         cores=config.default_cores if cores is None else cores[0],
+        sidecar=sidecar,
+        priority=None if asked is None else asked[0],
     )

@@ -32,6 +32,7 @@ class ReasonCode(enum.StrEnum):
     TOO_FEW_CARDS = "TooFewCards"
     QUOTA_EXCEEDED = "QuotaExceeded"
     UNKNOWN_NODE = "UnknownNode"
+    MODE_MISMATCH = "ModeMismatch"
 
 
 # Short labels for one-line summaries ("also: 3 insufficient memory").
@@ -50,6 +51,7 @@ _LABELS: dict[ReasonCode, str] = {
     ReasonCode.TOO_FEW_CARDS: "too few cards",
     ReasonCode.QUOTA_EXCEEDED: "quota exceeded",
     ReasonCode.UNKNOWN_NODE: "unknown node",
+    ReasonCode.MODE_MISMATCH: "mode mismatch",
 }
 
 
@@ -71,7 +73,11 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """One slice of one container placed on one card."""
+    """One slice of one container placed on one card.
+
+    ``sidecar`` and ``priority`` are the container's (see ContainerRequest), carried so the
+    ledger row and the allocation record say them without the request at hand.
+    """
 
     container_name: str
     container_index: int
@@ -79,6 +85,8 @@ class Assignment:
     card_uuid: str
     memory_mib: int
     cores: int
+    sidecar: bool = False
+    priority: int | None = None
 
     def to_claim(self) -> SliceClaim:
         """The ledger row this assignment becomes."""
@@ -88,6 +96,7 @@ class Assignment:
             init=self.init,
             memory_mib=self.memory_mib,
             cores=self.cores,
+            sidecar=self.sidecar,
         )
 
 

@@ -69,6 +69,7 @@ class CardState:
         return self.slots - self.used_slots
 
 
+NO_NUMA = 1 << 30  # NodeView.numa of a card without a reported NUMA node
 KEY_BITS = 6
 KEY_SPAN = 1 << KEY_BITS
 KEY_MASK = KEY_SPAN - 1
@@ -88,6 +89,8 @@ class NodeView:
     """
 
     __slots__ = (
+        "_numa",
+        "_tcu",
         "_text",
         "avg_mem",
         "busy",
@@ -148,9 +151,11 @@ class NodeView:
             busy.append(c.used_slots > 0 or c.used_memory_mib > 0 or c.used_compute > 0)
             excl.append(c.exclusive)
             # Free memory folded with the yes/no gates every slice passes: a card with no
-            # free slot, an exclusive tenant or over-committed compute offers -1 MiB, which
-            # no request (>= 0 MiB, >= 0% compute) fits in.
-            fmem.append(-1 if (c.exclusive or slots <= 0 or compute < 0) else free)
+            # free slot, an exclusive tenant, or no compute left (over-committed, or fully
+            # booked: not even a 0% slice goes there, HAMi's rule) offers -1 MiB, which no
+            # request (>= 0 MiB, >= 0% compute) fits in.
+            spent = compute < 0 or (compute == 0 and c.compute_units > 0)
+            fmem.append(-1 if (c.exclusive or slots <= 0 or spent) else free)
             used_mem += c.used_memory_mib
         n = len(sched)
         self.cards = tuple(sched)
@@ -198,6 +203,27 @@ class NodeView:
         self.mem_used = used_mem
         self.avg_mem = self.mem_total // n if n else 0
         self._text: _Texts | None = None
+        self._tcu: tuple[int, ...] | None = None
+        self._numa: tuple[int, ...] | None = None
+
+    @property
+    def tcu(self) -> tuple[int, ...]:
+        """Compute units of the schedulable cards (made on first use, like the texts)."""
+        tcu = self._tcu
+        if tcu is None:
+            tcu = self._tcu = tuple(c.compute_units for c in self.cards)
+        return tcu
+
+    @property
+    def numa(self) -> tuple[int, ...]:
+        """NUMA node of each schedulable card; a card whose node plugin reported none gets
+        ``NO_NUMA``: one group of its own, after every known NUMA node."""
+        numa = self._numa
+        if numa is None:
+            numa = self._numa = tuple(
+                NO_NUMA if c.numa_node is None else c.numa_node for c in self.cards
+            )
+        return numa
 
     def _texts(self) -> _Texts:
         # Strings only explanations and card filters need, made on first use: most nodes of

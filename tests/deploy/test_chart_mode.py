@@ -51,6 +51,7 @@ def test_renamed_resources_reach_every_part() -> None:
         gpumem="tessera.io/gpumem",
         gpumem_percentage="tessera.io/gpumem-percentage",
         gpucores="tessera.io/gpucores",
+        priority="tessera.io/priority",
     )
     assert config.node_resource == "tessera.io/gpu"
     assert config.scheduler_name == "tessera-slices"

@@ -33,18 +33,21 @@ DEFAULT_RESOURCES = {
     "gpumem": "nvidia.com/gpumem",
     "gpumemPercentage": "nvidia.com/gpumem-percentage",
     "gpucores": "nvidia.com/gpucores",
+    "priority": "nvidia.com/priority",
 }
 OTHER_RESOURCES = {
     "gpu": "tessera.io/gpu",
     "gpumem": "tessera.io/gpumem",
     "gpumemPercentage": "tessera.io/gpumem-percentage",
     "gpucores": "tessera.io/gpucores",
+    "priority": "tessera.io/priority",
 }
 ENV_OF = {
     "gpu": "TESSERA_RESOURCE_GPU",
     "gpumem": "TESSERA_RESOURCE_GPUMEM",
     "gpumemPercentage": "TESSERA_RESOURCE_GPUMEM_PERCENTAGE",
     "gpucores": "TESSERA_RESOURCE_GPUCORES",
+    "priority": "TESSERA_RESOURCE_PRIORITY",
 }
 ALL_SETS = [(), *[(name,) for name in VALUES_FILES]]
 # The pinned helm first: a clear failure when it cannot be built.
@@ -183,7 +186,7 @@ def test_scheduler_extender_stanza_matches_the_resource_names(
     assert extender["ignorable"] is False
     assert extender["managedResources"] == [
         {"name": names[k], "ignoredByScheduler": True}
-        for k in ("gpu", "gpumem", "gpumemPercentage", "gpucores")
+        for k in ("gpu", "gpumem", "gpumemPercentage", "gpucores", "priority")
     ]
     # The same names reach every Tessera process, the node plugin and the webhook.
     for where, container in tessera_containers(docs):

@@ -85,6 +85,7 @@ def test_the_running_control_plane_has_the_charts_settings(
         gpumem=app["TESSERA_RESOURCE_GPUMEM"],
         gpumem_percentage=app["TESSERA_RESOURCE_GPUMEM_PERCENTAGE"],
         gpucores=app["TESSERA_RESOURCE_GPUCORES"],
+        priority=app["TESSERA_RESOURCE_PRIORITY"],
     )
     assert cluster.resource_names == resources == objects.resources()
     assert cluster.scheduler_name == app["TESSERA_SCHEDULER_NAME"]

@@ -6,13 +6,11 @@ from pathlib import Path
 
 import yaml
 
+from controlplane.scheduling import ResourceNames
+
 DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
-RESOURCES = {
-    "nvidia.com/gpu",
-    "nvidia.com/gpumem",
-    "nvidia.com/gpumem-percentage",
-    "nvidia.com/gpucores",
-}
+# Every managed name, nvidia.com/priority included: no node advertises it either.
+RESOURCES = set(ResourceNames().all())
 
 
 def docs(path: str) -> list[dict]:

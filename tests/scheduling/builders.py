@@ -47,6 +47,8 @@ def container(
     cores: int = 0,
     index: int = 0,
     init: bool = False,
+    sidecar: bool = False,
+    priority: int | None = None,
 ) -> ContainerRequest:
     """One container's GPU ask (1 GPU, 1024 MiB, no compute limit by default)."""
     return ContainerRequest(
@@ -57,6 +59,8 @@ def container(
         memory_mib=memory_mib,
         memory_percent=memory_percent,
         cores=cores,
+        sidecar=sidecar,
+        priority=priority,
     )
 
 

@@ -500,7 +500,11 @@ def test_exact_fit_on_memory_and_compute(cores: int, policy: str) -> None:
         container("b", memory_mib=3000, cores=0, index=1),
         gpu_policy=policy,
     )
-    assert len(placed(n, two)) == 2
+    if cores < 30:
+        assert len(placed(n, two)) == 2
+    else:
+        # "a" books the card's last 30%: no slice goes there after it, not even a 0% one.
+        assert refused(n, two).refusals[0].code is ReasonCode.INSUFFICIENT_COMPUTE
     refused(n, pod(container(memory_mib=5001, cores=cores), gpu_policy=policy))
     refused(n, pod(container(memory_mib=100, cores=31), gpu_policy=policy))
 

@@ -1,7 +1,8 @@
 """Claims from ledger-shaped slice rows (`card_claims`, `pod_claims`) against the core's fold.
 
 They add the rows of pods without init-container slices directly and fold only the others
-through `claims_per_card`; for any rows they must give what folding every pod gives.
+(sidecars are init containers) through `claims_per_card`; for any rows they must give what
+folding every pod gives.
 """
 
 from __future__ import annotations
@@ -20,24 +21,24 @@ from controlplane.scheduling import (
     pod_claims,
 )
 
-# (pod, card, container index, init, memory MiB, cores)
+# (pod, card, container index, init, memory MiB, cores, sidecar); a sidecar is an init container
 rows = st.lists(
     st.tuples(
         st.integers(1, 6),
         st.integers(1, 4),
         st.integers(0, 3),
-        st.booleans(),
+        st.sampled_from(((False, False), (True, False), (True, False), (True, True))),
         st.integers(0, 80_000),
         st.integers(0, 100),
-    ),
+    ).map(lambda r: (r[0], r[1], r[2], r[3][0], r[4], r[5], r[3][1])),
     max_size=40,
 )
 
 
 def per_pod(slices: list[LedgerSlice]) -> dict[int, list[SliceClaim]]:
     by_pod: dict[int, list[SliceClaim]] = defaultdict(list)
-    for pod, card, index, init, memory, cores in slices:
-        by_pod[pod].append(SliceClaim(str(card), index, init, memory, cores))
+    for pod, card, index, init, memory, cores, sidecar in slices:
+        by_pod[pod].append(SliceClaim(str(card), index, init, memory, cores, sidecar))
     return by_pod
 
 
@@ -70,9 +71,22 @@ def test_each_pods_claims_equal_its_own_fold(slices: list[LedgerSlice]) -> None:
 
 def test_an_init_container_counts_once_beside_the_app_containers() -> None:
     slices: list[LedgerSlice] = [
-        (1, 1, 0, True, 6000, 50),  # init: 6000 MiB, runs before the apps
-        (1, 1, 0, False, 2000, 10),
-        (1, 1, 1, False, 3000, 10),
-        (2, 1, 0, False, 1000, 100),
+        (1, 1, 0, True, 6000, 50, False),  # init: 6000 MiB, runs before the apps
+        (1, 1, 0, False, 2000, 10, False),
+        (1, 1, 1, False, 3000, 10, False),
+        (2, 1, 0, False, 1000, 100, False),
     ]
     assert card_claims(slices) == {1: CardClaim(7000, 150, 3, True)}
+
+
+def test_a_sidecar_counts_beside_later_init_containers_and_the_apps() -> None:
+    slices: list[LedgerSlice] = [
+        (1, 1, 0, True, 1000, 10, True),  # sidecar, started first: runs to the end
+        (1, 1, 1, True, 6000, 50, False),  # init after it: 6000 + 1000 at its peak
+        (1, 1, 0, False, 2000, 10, False),  # app: 2000 + 1000
+        (2, 1, 0, False, 500, 0, False),
+    ]
+    assert card_claims(slices) == {1: CardClaim(7500, 60, 3, False)}
+    assert {(pod, card): c for pod, card, c in pod_claims(slices)}[(1, 1)] == CardClaim(
+        7000, 60, 2, False
+    )

@@ -25,10 +25,12 @@ from controlplane.scheduling import (
     claims_per_card,
     filter_nodes,
     fit_node,
+    least_demand,
     parse_pod,
     place_on_node,
     prioritize,
     score_node,
+    usage_of,
 )
 from controlplane.scheduling.state import MEMO_KEYS
 from tests.scheduling.builders import k8s_container, pod_json
@@ -64,7 +66,7 @@ def cards(draw: st.DrawFn, prefix: str) -> tuple[CardState, ...]:
                 memory_mib=memory,
                 compute_units=compute,
                 slots=slots,
-                numa_node=None,
+                numa_node=draw(st.sampled_from((0, 0, 1, 1, 2, None))),
                 healthy=draw(st.integers(0, 5)) != 0,
                 health_reason="XID 48",
                 cordoned=draw(st.integers(0, 9)) == 0,
@@ -108,6 +110,8 @@ def containers(draw: st.DrawFn) -> tuple[ContainerRequest, ...]:
                 ),
                 memory_percent=draw(st.integers(1, 100)) if kind == "pct" else None,
                 cores=draw(st.sampled_from((0, 0, 0, 10, 30, 50, 100))),
+                sidecar=init and draw(st.booleans()),
+                priority=draw(st.sampled_from((None, None, 0, 1))),
             )
         )
         counters[init] += 1
@@ -135,9 +139,19 @@ def requests(draw: st.DrawFn) -> PodRequest:
         use_uuids=some(uuids),
         nouse_uuids=some(uuids),
         node_policy=draw(st.sampled_from(("binpack", "spread"))),
-        gpu_policy=draw(st.sampled_from(("binpack", "spread"))),
+        gpu_policy=draw(st.sampled_from(GPU_POLICIES)),
+        numa_bind=draw(st.integers(0, 3)) == 0,
+        vgpu_modes=draw(
+            st.sampled_from(((),) * 8 + (("hami-core",), ("mig",), ("mps", "hami-core")))
+        ),
     )
 
+
+# binpack/spread mostly, HAMi's chains now and then.
+GPU_POLICIES = ("binpack", "spread") * 3 + (
+    "mutex,binpack", "mutex,spread", "numa,binpack", "binpack,numa", "numa,spread",
+    "spread,numa", "topology-aware,binpack", "numa,mutex,spread",
+)  # fmt: skip
 
 NEEDS = (1, 500, 1000, 4000, 5000, 10000, 20000)
 
@@ -160,7 +174,7 @@ def tight_nodes(draw: st.DrawFn) -> NodeState:
                 memory_mib=memory,
                 compute_units=100,
                 slots=slots,
-                numa_node=0,
+                numa_node=draw(st.sampled_from((0, 1))),
                 healthy=True,
                 health_reason="",
                 cordoned=False,
@@ -191,7 +205,8 @@ def fast_requests(draw: st.DrawFn) -> PodRequest:
         for i in range(count)
     ]
     if shape == "multi-init":
-        asks.insert(0, ContainerRequest("w", 0, True, 1, draw(st.sampled_from(NEEDS)), None, 10))
+        need, sidecar = draw(st.sampled_from(NEEDS)), draw(st.booleans())
+        asks.insert(0, ContainerRequest("w", 0, True, 1, need, None, 10, sidecar=sidecar))
     # Filters that allow every card of a tight node, none, or some (models alternate).
     return PodRequest(
         uid="u",
@@ -201,7 +216,8 @@ def fast_requests(draw: st.DrawFn) -> PodRequest:
         use_types=draw(st.sampled_from(((), (), ("a100",), ("80gb",), ("l4",)))),
         nouse_uuids=draw(st.sampled_from(((), (), ("gpu-t-0",), ("gpu-x",)))),
         node_policy="binpack",
-        gpu_policy=draw(st.sampled_from(("binpack", "spread"))),
+        gpu_policy=draw(st.sampled_from(GPU_POLICIES)),
+        numa_bind=draw(st.integers(0, 5)) == 0,
     )
 
 
@@ -220,50 +236,103 @@ def allowed(card: CardState, request: PodRequest) -> bool:
     return uuid not in request.nouse_uuids
 
 
+Key = tuple[int, ...]
+# free memory, free compute, free slots, busy, exclusive: per card uuid
+State = tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, bool], dict[str, bool]]
+
+
+def card_key(c: CardState, cont: ContainerRequest, free: dict[str, int], words: list[str]) -> Key:
+    """The policy's order: binpack/spread on the memory left, numa on the NUMA node, in the
+    order the policy names them, then the card index."""
+    after = free[c.uuid] - cont.memory_on(c.memory_mib)
+    parts = {
+        "binpack": after,
+        "spread": -after,
+        "numa": 1 << 30 if c.numa_node is None else c.numa_node,
+    }
+    return (*(parts[w] for w in words if w in parts), c.index)
+
+
+def options(
+    node: NodeState,
+    request: PodRequest,
+    cont: ContainerRequest,
+    state: State,
+    mutex: bool,
+    mine: list[str],
+) -> list[CardState]:
+    """The cards that can take one more slice of ``cont`` now."""
+    f, cu, sl, bz, ex = state
+    out = []
+    for c in node.cards:
+        need = cont.memory_on(c.memory_mib)
+        if (
+            c.uuid in mine
+            or not c.healthy
+            or c.cordoned
+            or not allowed(c, request)
+            or ex[c.uuid]
+            or ((cont.cores == 100 or mutex) and bz[c.uuid])
+            or sl[c.uuid] <= 0
+            or need > f[c.uuid]
+            or cont.cores > cu[c.uuid]
+            # no compute left: not even a 0% slice (HAMi's rule)
+            or (cu[c.uuid] <= 0 and c.compute_units > 0)
+        ):
+            continue
+        out.append(c)
+    return out
+
+
 def reference_placement(
     node: NodeState, request: PodRequest
 ) -> dict[tuple[bool, int], list[str]] | None:
     """Slice by slice, as docs/scheduling.md says; None when some slice finds no card."""
     if not node.ready or node.cordoned:
         return None
+    if request.vgpu_modes and "hami-core" not in request.vgpu_modes:
+        return None  # every Tessera card shares by slices
+    words = request.gpu_policy.split(",")
+    mutex = "mutex" in words
     free = {c.uuid: c.memory_mib - c.used_memory_mib for c in node.cards}
     compute = {c.uuid: c.compute_units - c.used_compute for c in node.cards}
     slots = {c.uuid: c.slots - c.used_slots for c in node.cards}
     busy = {c.uuid: c.busy for c in node.cards}
     exclusive = {c.uuid: c.exclusive for c in node.cards}
-    start_free, start_compute, start_slots = dict(free), dict(compute), dict(slots)
-    start_busy, start_exclusive = dict(busy), dict(exclusive)
     chosen: dict[tuple[bool, int], list[str]] = {}
     for cont in request.containers:
-        if cont.init:
-            # Each init container sees the bare node: copies, thrown away afterwards.
-            f, cu, sl = dict(start_free), dict(start_compute), dict(start_slots)
-            bz, ex = dict(start_busy), dict(start_exclusive)
+        if cont.init and not cont.sidecar:
+            # An ordinary init container sees the node with the sidecars started so far, and
+            # leaves nothing behind: copies, thrown away afterwards.
+            f, cu, sl = dict(free), dict(compute), dict(slots)
+            bz, ex = dict(busy), dict(exclusive)
         else:
             f, cu, sl, bz, ex = free, compute, slots, busy, exclusive
+
+        state = (f, cu, sl, bz, ex)
+
+        def key(c: CardState, cont: ContainerRequest = cont, f: dict[str, int] = f) -> Key:
+            return card_key(c, cont, f, words)
+
         mine: list[str] = []
-        for _ in range(cont.gpus):
-            options = []
-            for c in node.cards:
-                need = cont.memory_on(c.memory_mib)
-                if (
-                    c.uuid in mine
-                    or not c.healthy
-                    or c.cordoned
-                    or not allowed(c, request)
-                    or ex[c.uuid]
-                    or (cont.cores == 100 and bz[c.uuid])
-                    or sl[c.uuid] <= 0
-                    or need > f[c.uuid]
-                    or cont.cores > cu[c.uuid]
-                ):
-                    continue
-                after = f[c.uuid] - need
-                key = after if request.gpu_policy == "binpack" else -after
-                options.append((key, c.index, c))
-            if not options:
+        if request.numa_bind and cont.gpus > 1:
+            # Each NUMA node's best cards; the node whose last needed card comes first wins.
+            groups: dict[int | None, list[CardState]] = defaultdict(list)
+            for c in options(node, request, cont, state, mutex, []):
+                groups[c.numa_node].append(c)
+            complete = [sorted(g, key=key)[: cont.gpus] for g in groups.values()]
+            complete = [g for g in complete if len(g) == cont.gpus]
+            if not complete:
                 return None
-            _, _, best = min(options, key=lambda o: (o[0], o[1]))
+            picks = min(complete, key=lambda g: key(g[-1]))
+        else:
+            picks = []
+            for _ in range(cont.gpus):
+                found = options(node, request, cont, state, mutex, [c.uuid for c in picks])
+                if not found:
+                    return None
+                picks.append(min(found, key=key))
+        for best in picks:
             mine.append(best.uuid)
             f[best.uuid] -= cont.memory_on(best.memory_mib)
             cu[best.uuid] -= cont.cores
@@ -354,14 +423,29 @@ def check_limits(node: NodeState, request: PodRequest) -> None:
         assert not card.exclusive
         if claim.exclusive:
             assert not card.busy
-    # An exclusive app slice shares its card with no other app slice of the pod.
+    # An exclusive app (or sidecar) slice shares its card with no other such slice of the pod;
+    # under mutex no two of them share a card, and every card used held nothing before.
     apps_on: dict[str, list[Assignment]] = defaultdict(list)
     for a in placed:
-        if not a.init:
+        if not a.init or a.sidecar:
             apps_on[a.card_uuid].append(a)
+    mutex = "mutex" in request.gpu_policy.split(",")
     for slices in apps_on.values():
-        if any(a.cores >= 100 for a in slices):
+        if mutex or any(a.cores >= 100 for a in slices):
             assert len(slices) == 1
+    if mutex:
+        assert not any(by_uuid[a.card_uuid].busy for a in placed)
+    # numa-bind: each container's cards on one NUMA node.
+    if request.numa_bind:
+        for mine in per_container.values():
+            assert len({by_uuid[a.card_uuid].numa_node for a in mine}) == 1
+    # A card with compute units and none left took no slice.
+    for a in placed:
+        card = by_uuid[a.card_uuid]
+        assert card.compute_units <= 0 or card.used_compute < card.compute_units
+    # What the pod counts against its quota is at least the core's lower bound.
+    smallest = min(c.memory_mib for c in node.cards)
+    assert usage_of(claims) >= least_demand(request, smallest)
 
 
 @PROFILE
@@ -438,7 +522,10 @@ def test_parse_pod_reads_back_what_a_manifest_says(asks: tuple[ContainerRequest,
             limits["nvidia.com/gpumem"] = f"{c.memory_mib}"
         elif c.memory_percent is not None:
             limits["nvidia.com/gpumem-percentage"] = c.memory_percent
-        return k8s_container(c.name, requests=limits)
+        if c.priority is not None:
+            limits["nvidia.com/priority"] = c.priority
+        extra = {"restartPolicy": "Always"} if c.sidecar else {}
+        return k8s_container(c.name, requests=limits, **extra)
 
     raw = pod_json(
         *(manifest(c) for c in asks if not c.init),

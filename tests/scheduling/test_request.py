@@ -20,6 +20,7 @@ GPU = "nvidia.com/gpu"
 MEM = "nvidia.com/gpumem"
 PCT = "nvidia.com/gpumem-percentage"
 CORES = "nvidia.com/gpucores"
+PRIORITY = "nvidia.com/priority"
 
 
 def only(request: PodRequest | None) -> ContainerRequest:
@@ -282,8 +283,7 @@ C0 = "spec.containers[0]"
             f"{C0}.resources.limits.{MEM}",
             "write 1024 for 1 GiB",
         ),
-        (pod_json(k8s_container(limits={PCT: 0})), f"{C0}.resources.limits.{PCT}", "1 to 100"),
-        (pod_json(k8s_container(limits={PCT: 101})), f"{C0}.resources.limits.{PCT}", "1 to 100"),
+        (pod_json(k8s_container(limits={PCT: 101})), f"{C0}.resources.limits.{PCT}", "0 to 100"),
         (
             pod_json(k8s_container(limits={CORES: 101})),
             f"{C0}.resources.limits.{CORES}",
@@ -305,10 +305,46 @@ C0 = "spec.containers[0]"
         (
             pod_json(
                 k8s_container(limits={GPU: 1}),
-                annotations={"hami.io/gpu-scheduler-policy": "topology-aware"},
+                annotations={"hami.io/gpu-scheduler-policy": "binpack,fastest"},
             ),
             "metadata.annotations.hami.io/gpu-scheduler-policy",
-            "'binpack' or 'spread'",
+            "'fastest' is not a GPU policy; use one of binpack, spread, numa, mutex, "
+            "topology-aware",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1}), annotations={"tessera.io/gpu-policy": " , "}),
+            "metadata.annotations.tessera.io/gpu-policy",
+            "names no policy",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1}), annotations={"nvidia.com/numa-bind": "yes"}),
+            "metadata.annotations.nvidia.com/numa-bind",
+            "'true' or 'false'",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1}), annotations={"nvidia.com/vgpu-mode": "vgpu"}),
+            "metadata.annotations.nvidia.com/vgpu-mode",
+            "among hami-core, mig, mps",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1}), annotations={"nvidia.com/vgpu-mode": ""}),
+            "metadata.annotations.nvidia.com/vgpu-mode",
+            "among hami-core, mig, mps",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1, PRIORITY: 2})),
+            f"{C0}.resources.limits.{PRIORITY}",
+            "0 (high) or 1 (low), got 2",
+        ),
+        (
+            pod_json(k8s_container(limits={MEM: 100}, requests={PRIORITY: "5"})),
+            f"{C0}.resources.requests.{PRIORITY}",
+            "0 (high) or 1 (low), got 5",
+        ),
+        (
+            pod_json(k8s_container(limits={GPU: 1, PRIORITY: "high"})),
+            f"{C0}.resources.limits.{PRIORITY}",
+            "not a Kubernetes quantity",
         ),
         (
             pod_json(
@@ -317,14 +353,6 @@ C0 = "spec.containers[0]"
             ),
             "metadata.annotations.nvidia.com/use-gputype",
             "string",
-        ),
-        (
-            pod_json(
-                k8s_container("app"),
-                init=(k8s_container("sidecar", limits={GPU: 1}, restartPolicy="Always"),),
-            ),
-            "spec.initContainers[0].restartPolicy",
-            "move the GPU resources",
         ),
         (
             pod_json({"image": "x", "resources": {"limits": {GPU: 1}}}),
@@ -418,3 +446,181 @@ def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
 def test_resource_names_must_be_distinct() -> None:
     with pytest.raises(ValueError, match="distinct"):
         ResourceNames(gpumem="nvidia.com/gpu")
+
+
+# ------------------------------------------------------- HAMi's other asks
+
+
+@pytest.mark.parametrize("where", ["limits", "requests"])
+def test_zero_memory_percentage_means_the_whole_card(where: str) -> None:
+    # HAMi accepts gpumem-percentage 0 and books the whole card (device.go, the percentage
+    # is ignored when not positive); 101 is still refused.
+    c = only(parse_pod(pod_json(k8s_container(**{where: {GPU: 1, PCT: 0}}))))
+    assert (c.memory_mib, c.memory_percent, c.cores) == (None, None, 0)
+    assert c.memory_on(81920) == 81920
+
+
+def test_zero_memory_percentage_takes_the_configured_default() -> None:
+    config = SchedulingConfig(default_memory_mib=2048)
+    c = only(parse_pod(pod_json(k8s_container(limits={GPU: 1, PCT: "0"})), config))
+    assert (c.memory_mib, c.memory_percent) == (2048, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "chain"),
+    [
+        ("mutex", "mutex,spread"),
+        ("Mutex", "mutex,spread"),
+        ("binpack,numa", "binpack,numa"),
+        ("numa, binpack", "numa,binpack"),
+        ("numa", "numa,spread"),
+        ("topology-aware", "topology-aware,spread"),
+        ("mutex,topology-aware", "mutex,topology-aware,spread"),
+        ("binpack,binpack,mutex,", "binpack,mutex"),
+        # binpack and spread both: the first named orders; the second could only break ties
+        # the first already broke (HAMi's chain compares the same score twice).
+        ("spread,numa,binpack", "spread,numa"),
+    ],
+)
+def test_gpu_policy_chains_read_like_hami(value: str, chain: str) -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container(limits={GPU: 1}), annotations={"hami.io/gpu-scheduler-policy": value}
+        )
+    )
+    assert req is not None and req.gpu_policy == chain
+
+
+def test_a_gpu_policy_without_binpack_or_spread_takes_the_configured_one() -> None:
+    config = SchedulingConfig(default_gpu_policy="binpack")
+    raw = pod_json(k8s_container(limits={GPU: 1}), annotations={"tessera.io/gpu-policy": "mutex"})
+    req = parse_pod(raw, config)
+    assert req is not None and req.gpu_policy == "mutex,binpack"
+
+
+@pytest.mark.parametrize(
+    ("value", "bound"), [("true", True), ("True", True), ("1", True), ("t", True),
+                         ("false", False), ("0", False), ("F", False)]
+)  # fmt: skip
+def test_numa_bind_reads_go_booleans(value: str, bound: bool) -> None:
+    raw = pod_json(k8s_container(limits={GPU: 2}), annotations={"nvidia.com/numa-bind": value})
+    req = parse_pod(raw)
+    assert req is not None and req.numa_bind is bound
+
+
+@pytest.mark.parametrize(
+    ("value", "modes"),
+    [("mig", ("mig",)), ("hami-core", ("hami-core",)), (" MIG, hami-core", ("mig", "hami-core"))],
+)
+def test_vgpu_mode_is_a_pod_annotation(value: str, modes: tuple[str, ...]) -> None:
+    raw = pod_json(
+        k8s_container(limits={GPU: 2, MEM: 8000}), annotations={"nvidia.com/vgpu-mode": value}
+    )
+    req = parse_pod(raw)
+    assert req is not None and req.vgpu_modes == modes
+
+
+def test_priority_is_read_per_container_limits_then_requests() -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container("a", limits={GPU: 1, PRIORITY: 0}),
+            k8s_container("b", limits={GPU: 1}, requests={PRIORITY: "1"}),
+            k8s_container("c", limits={GPU: 1, PRIORITY: 1}, requests={PRIORITY: 0}),
+            k8s_container("d", limits={GPU: 1}),
+        )
+    )
+    assert req is not None
+    assert [c.priority for c in req.containers] == [0, 1, 1, None]
+
+
+def test_a_container_asking_only_priority_gets_no_gpu() -> None:
+    # HAMi's webhook only passes the priority on as an environment variable; without a GPU
+    # resource the container is no GPU container and the pod is not HAMi's to schedule.
+    assert parse_pod(pod_json(k8s_container(limits={PRIORITY: 0}))) is None
+    assert parse_pod(pod_json(k8s_container(limits={GPU: 0, PRIORITY: 1}))) is None
+    req = parse_pod(
+        pod_json(k8s_container("p", limits={PRIORITY: 5}), k8s_container("g", limits={GPU: 1}))
+    )
+    assert req is not None and [c.name for c in req.containers] == ["g"]
+
+
+def test_custom_priority_resource_name() -> None:
+    names = ResourceNames(priority="example.com/prio")
+    assert names.all()[-1] == "example.com/prio" and len(names.all()) == 5
+    config = SchedulingConfig(resources=names)
+    raw = pod_json(k8s_container(limits={GPU: 1, "example.com/prio": 1, PRIORITY: 7}))
+    assert only(parse_pod(raw, config)).priority == 1
+    with pytest.raises(ValueError, match="distinct"):
+        ResourceNames(priority="nvidia.com/gpucores")
+
+
+def test_restartable_init_containers_are_sidecars() -> None:
+    req = parse_pod(
+        pod_json(
+            k8s_container("app", limits={GPU: 1}, restartPolicy="Always"),
+            init=(
+                k8s_container("fetch", limits={MEM: 100}),
+                k8s_container("proxy", limits={GPU: 1, MEM: 500}, restartPolicy="Always"),
+            ),
+        )
+    )
+    assert req is not None
+    assert [(c.name, c.index, c.init, c.sidecar) for c in req.containers] == [
+        ("fetch", 0, True, False),
+        ("proxy", 1, True, True),
+        ("app", 0, False, False),  # restartPolicy on an app container is no sidecar
+    ]
+
+
+def test_the_peak_counts_sidecars_beside_later_containers() -> None:
+    req = pod(
+        container("early", init=True, index=0, memory_mib=9000),  # before the sidecar: alone
+        container("side", init=True, index=1, memory_mib=1000, sidecar=True),
+        container("late", init=True, index=2, memory_mib=7000),  # 7000 + 1000
+        container("app", memory_mib=2000, gpus=2),
+    )
+    assert req.peak(lambda c: c.gpus * (c.memory_mib or 0)) == 9000
+    assert req.peak(lambda c: c.gpus) == 3  # the app's two slices beside the sidecar's one
+    no_early = pod(*req.containers[1:])
+    assert no_early.peak(lambda c: c.gpus * (c.memory_mib or 0)) == 8000
+
+
+def test_new_fields_round_trip_and_old_records_still_load() -> None:
+    req = pod(
+        container("side", init=True, sidecar=True, priority=0),
+        container("m", priority=1),
+        gpu_policy="numa,binpack,mutex",
+        numa_bind=True,
+        vgpu_modes=("hami-core",),
+    )
+    import json
+
+    assert PodRequest.from_dict(json.loads(json.dumps(req.to_dict()))) == req
+    old = pod(container("m")).to_dict()
+    for key in ("numa_bind", "vgpu_modes"):
+        del old[key]
+    for c in old["containers"]:
+        del c["sidecar"], c["priority"]
+    loaded = PodRequest.from_dict(old)
+    assert loaded == pod(container("m"))
+    assert (loaded.containers[0].sidecar, loaded.containers[0].priority) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["containers"][0].update(priority=2), "containers[0]"),
+        (lambda d: d["containers"][0].update(priority="0"), "containers[0].priority"),
+        (lambda d: d["containers"][0].update(sidecar=1), "containers[0].sidecar"),
+        (lambda d: d["containers"][0].update(sidecar=True), "containers[0]"),  # not an init
+        (lambda d: d.update(numa_bind="yes"), "numa_bind"),
+        (lambda d: d.update(vgpu_modes=["vgpu"]), ""),
+        (lambda d: d.update(gpu_policy="mutex"), ""),  # not canonical: no binpack/spread
+    ],
+)
+def test_from_dict_refuses_malformed_new_fields(mutate: Any, field: str) -> None:
+    data = pod(container()).to_dict()
+    mutate(data)
+    with pytest.raises(RequestError) as caught:
+        PodRequest.from_dict(data)
+    assert caught.value.field == field

@@ -44,8 +44,6 @@ from controlplane.scheduling import (
 )
 
 Phase = PodBinding.Phase
-_SLICE_ROW = ("container_name", "container_index", "init_container", "card__uuid", "card__index",
-              "memory_mib", "compute_percent")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +74,7 @@ class Reservation:
         """The signed record's content (docs/allocation.md)."""
         rows = (
             (a.container_name, a.container_index, a.init, a.card_uuid,
-             self.card_indexes[a.card_uuid], a.memory_mib, a.cores)
+             self.card_indexes[a.card_uuid], a.memory_mib, a.cores, a.sidecar, a.priority)
             for a in self.assignments
         )  # fmt: skip
         return allocation.allocation_record(
@@ -207,7 +205,7 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
     rows = list(
         Slice.objects.filter(binding_id=binding.pk, active=True)
         .order_by("init_container", "container_index", "id")
-        .values_list(*_SLICE_ROW)
+        .values_list(*allocation.SLICE_COLUMNS)
     )
     return Reservation(
         binding_id=binding.pk,
@@ -217,8 +215,8 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
         node=where,
         phase=str(binding.phase),
         assignments=tuple(
-            Assignment(container, index, init, uuid, memory, cores)
-            for container, index, init, uuid, _, memory, cores in rows
+            Assignment(container, index, init, uuid, memory, cores, sidecar, priority)
+            for container, index, init, uuid, _, memory, cores, sidecar, priority in rows
         ),
         card_indexes={row[3]: row[4] for row in rows},
         repeat=True,
@@ -228,9 +226,10 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
 def _slice_rows(
     assignments: Iterable[Assignment], card_ids: Mapping[str, int]
 ) -> list[tuple[Any, ...]]:
+    # sql.SLICE_VALUES, in order
     return [
         (card_ids[a.card_uuid], a.container_name, a.container_index, a.init, a.memory_mib,
-         a.cores)
+         a.cores, a.sidecar, a.priority)
         for a in assignments
     ]  # fmt: skip
 
@@ -427,7 +426,7 @@ def adopt_binding(record: allocation.Allocation, actor: str) -> PodBinding:
         bound_at=now,
     )
     assignments = [
-        Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores)
+        Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores, c.sidecar, c.priority)
         for c in record.containers
         for d in c.devices
     ]

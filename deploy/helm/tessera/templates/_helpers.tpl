@@ -152,6 +152,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 - {name: TESSERA_RESOURCE_GPUMEM, value: {{ .Values.resources.gpumem | quote }}}
 - {name: TESSERA_RESOURCE_GPUMEM_PERCENTAGE, value: {{ .Values.resources.gpumemPercentage | quote }}}
 - {name: TESSERA_RESOURCE_GPUCORES, value: {{ .Values.resources.gpucores | quote }}}
+- {name: TESSERA_RESOURCE_PRIORITY, value: {{ .Values.resources.priority | quote }}}
 - {name: TESSERA_SCHEDULER_NAME, value: {{ .Values.scheduler.name | quote }}}
 - {name: TESSERA_ADOPTED_SCHEDULERS, value: {{ join "," .Values.scheduler.adopt | quote }}}
 {{- if eq .Values.nodeplugin.auth.mode "serviceAccountToken" }}
