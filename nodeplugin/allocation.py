@@ -40,6 +40,9 @@ class ContainerAllocation:
     init: bool
     devices: tuple[SliceDevice, ...]
     priority: int | None = None  # None: the pod did not ask for nvidia.com/priority
+    # A restartable init container (Kubernetes sidecar): it keeps running beside the containers
+    # after it, so the kubelet lists it and never hands its device IDs on to a later container.
+    sidecar: bool = False
 
     @property
     def card_set(self) -> frozenset[str]:
@@ -132,7 +135,15 @@ def parse(data: Any) -> Allocation:
                     f"allocation record: {where}priority={priority} is not "
                     f"{MIN_PRIORITY}..{MAX_PRIORITY} (0 = high, 1 = low)"
                 )
-        containers.append(ContainerAllocation(name, index, init, tuple(devices), priority))
+        sidecar = False
+        if "sidecar" in c:
+            sidecar = _field(c, "sidecar", bool, where)
+            if sidecar and not init:
+                raise AllocationError(
+                    f"allocation record: {where}sidecar is true on an app container; only an "
+                    "init container can be a sidecar"
+                )
+        containers.append(ContainerAllocation(name, index, init, tuple(devices), priority, sidecar))
     strings = {k: _field(data, k, str, "") for k in ("pod_uid", "namespace", "name", "node")}
     for k, value in strings.items():
         if not value:

@@ -4,7 +4,9 @@ which pod and container hold the IDs, the allocation record says what they get, 
 that does not match is refused with a message.
 
 Init containers: ordinary init containers are not listed by PodResources, and the kubelet
-reuses an init container's device IDs for the app container that follows. So one set of IDs may
+reuses an init container's device IDs for the container that follows (an app container, or a
+sidecar: a restartable init container, which is listed like an app container and keeps its IDs
+to itself, so none are handed on from a sidecar). So one set of IDs may
 have been given to several containers of one pod, each through its own Allocate call (and own
 name). The names Allocate issued for a set of IDs are kept (:mod:`nodeplugin.store`); the
 newest ``k`` of them belong, in the kubelet's Allocate order (init containers by index, then the
@@ -69,7 +71,7 @@ def find_holder(ids_: Sequence[str], listed: Sequence[ContainerHolding]) -> Hold
 
 def targets(alloc: Allocation, holder: Holder, cards: frozenset[str]) -> list[ContainerAllocation]:
     """The pod's containers that received these IDs, in the kubelet's Allocate order."""
-    inits = [c for c in alloc.kubelet_order() if c.init and c.card_set == cards]
+    inits = [c for c in alloc.kubelet_order() if c.init and not c.sidecar and c.card_set == cards]
     if holder.container is None:
         if not inits:
             raise ResolveError(
@@ -89,6 +91,9 @@ def targets(alloc: Allocation, holder: Holder, cards: frozenset[str]) -> list[Co
             f"gave it slots on cards {sorted(cards)} but the control plane allocated "
             f"{sorted(app.card_set)}; refusing rather than giving the wrong card"
         )
+    if app.init:
+        # A sidecar holds them: only ordinary init containers before it can have had them.
+        inits = [c for c in inits if c.index < app.index]
     return [*inits, app]
 
 
@@ -135,13 +140,15 @@ def pending_card_sets(
         for c in listed
         if (c.namespace, c.pod) == (alloc.namespace, alloc.name)
     }
-    any_app_allocated = any(held.get(c.name) for c in alloc.containers if not c.init)
+    # Sidecars are listed like app containers; once any listed container has IDs, the
+    # ordinary init containers before it have had theirs.
+    listed_allocated = any(held.get(c.name) for c in alloc.containers if c.sidecar or not c.init)
     out: list[frozenset[str]] = []
     for c in alloc.kubelet_order():
         if len(c.devices) != size:
             continue
-        if c.init:
-            if not any_app_allocated:
+        if c.init and not c.sidecar:
+            if not listed_allocated:
                 out.append(c.card_set)
         elif c.name in held and not held[c.name]:
             out.append(c.card_set)

@@ -253,3 +253,24 @@ def test_records_the_control_plane_signs_verify_here() -> None:
     assert app is not None
     assert [d.uuid for d in app.devices] == ["GPU-a", "GPU-b"]  # by card index
     al.check_identity(parsed, "team-a", "trainer", "n1")
+
+
+def test_a_sidecar_is_an_init_container_the_record_marks() -> None:
+    side = dict(rec()["containers"][0], name="proxy", init=True, sidecar=True)
+    parsed = al.parse(rec(containers=[side, rec()["containers"][0]]))
+    proxy, app = parsed.container("proxy"), parsed.container("app")
+    assert proxy is not None and proxy.sidecar and proxy.init
+    assert app is not None and not app.sidecar
+
+
+@pytest.mark.parametrize(
+    ("container", "message"),
+    [
+        ({"init": False, "sidecar": True}, "only an init container can be a sidecar"),
+        ({"init": True, "sidecar": "yes"}, "containers[0].sidecar must be a bool"),
+        ({"init": True, "sidecar": 1}, "containers[0].sidecar must be a bool"),
+    ],
+)
+def test_malformed_sidecar_flags_are_refused(container: dict[str, Any], message: str) -> None:
+    with pytest.raises(al.AllocationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        al.parse(rec(containers=[dict(rec()["containers"][0], **container)]))

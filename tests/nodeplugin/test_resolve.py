@@ -96,6 +96,50 @@ def test_init_containers_take_the_earlier_names() -> None:
         )
 
 
+def sidecar_pod() -> Allocation:
+    """init i0 on GPU-a, sidecar s1 on GPU-a, app on GPU-a: as the control plane records them."""
+    return Allocation(
+        "uid",
+        "ns",
+        "p",
+        "n1",
+        (
+            ContainerAllocation("i0", 0, True, (SliceDevice("GPU-a", 100, 10),)),
+            ContainerAllocation("s1", 1, True, (SliceDevice("GPU-a", 200, 10),), sidecar=True),
+            ContainerAllocation("app", 0, False, (SliceDevice("GPU-a", 300, 10),)),
+        ),
+    )
+
+
+def test_a_sidecar_is_paired_once_with_only_the_inits_before_it() -> None:
+    """The kubelet lists a sidecar and hands its IDs on to no later container: the IDs the
+    sidecar holds were i0's before (two Allocate names), the app's are its own (one)."""
+    a = sidecar_pod()
+    mine = ids.parse_ids(["GPU-a::1"], CARDS.keys(), 4)
+    plans = resolve.plans_for(
+        mine, a, resolve.Holder("ns", "p", "s1"), [IssuedName("n-i0", 1), IssuedName("n-s1", 2)],
+        CARDS,
+    )  # fmt: skip
+    assert [(p.name, p.container) for p in plans] == [("n-i0", "i0"), ("n-s1", "s1")]
+    assert [p.devices[0].memory_mib for p in plans] == [100, 200]
+    app_ids = ids.parse_ids(["GPU-a::2"], CARDS.keys(), 4)
+    plans = resolve.plans_for(
+        app_ids, a, resolve.Holder("ns", "p", "app"), [IssuedName("n-app", 3)], CARDS
+    )
+    assert [(p.name, p.container) for p in plans] == [("n-app", "app")]
+    assert plans[0].devices[0].memory_mib == 300
+
+
+def test_pending_card_sets_see_a_sidecar_as_a_listed_container() -> None:
+    a = sidecar_pod()
+    assert resolve.pending_card_sets(a, [held("p", "s1"), held("p", "app")], 1) == [
+        frozenset({"GPU-a"}), frozenset({"GPU-a"}), frozenset({"GPU-a"})
+    ]  # fmt: skip
+    # the sidecar has its IDs: i0 had them before it, so only the app still waits
+    listed = [held("p", "s1", "GPU-a::0"), held("p", "app")]
+    assert resolve.pending_card_sets(a, listed, 1) == [frozenset({"GPU-a"})]
+
+
 def test_pending_card_sets_for_the_preferred_allocation() -> None:
     a = alloc(
         ("i0", True, ["GPU-c"]), ("app", False, ["GPU-a"]), ("two", False, ["GPU-a", "GPU-b"])
