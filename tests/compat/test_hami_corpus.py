@@ -10,7 +10,8 @@ allocation is read from the Binding's ``tessera.io/allocation`` annotation and f
 ``GET /api/v1/allocations/<ns>/<name>`` with the node's token, which must agree.
 
 The corpus is read where it lies, never copied into the project: ``TESSERA_HAMI_CORPUS``, else
-``shared/compat/hami`` next to the checkout or above it.
+``shared/compat/hami`` next to the checkout or above it, or next to the checkout this one was
+cloned from.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import base64
 import copy
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -39,14 +41,30 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = 40  # the corpus' size: a case that goes missing must not pass unnoticed
 
 
+def origin_checkout() -> Path | None:
+    """The checkout this clone was made from, when it is a folder on this machine: a clean
+    clone made for CI elsewhere still finds the corpus next to the checkout it came from."""
+    try:
+        url = subprocess.run(
+            ["git", "-C", str(ROOT), "remote", "get-url", "origin"],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        return None
+    path = Path(url.removeprefix("file://"))
+    return path if url and path.is_absolute() and path.is_dir() else None
+
+
 def corpus_dir() -> Path | None:
     given = os.environ.get("TESSERA_HAMI_CORPUS")
     if given:
         return Path(given)
-    for parent in ROOT.parents:
-        found = parent / "shared" / "compat" / "hami"
-        if (found / "cases").is_dir():
-            return found
+    origin = origin_checkout()
+    for start in (ROOT, *([origin] if origin else [])):
+        for parent in start.resolve().parents:
+            found = parent / "shared" / "compat" / "hami"
+            if (found / "cases").is_dir():
+                return found
     return None
 
 
