@@ -56,20 +56,22 @@ def create(core: Any, namespace: str, pod: dict[str, Any]) -> None:
                 raise
 
 
-def reports(cluster: RealNodeCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+def reports(
+    cluster: RealNodeCluster, namespace: str, name: str, container: str = "app"
+) -> list[dict[str, Any]]:
     """The probe's reports, one per start of the container, oldest first."""
     found = []
-    for line in cluster.pod_log(namespace, name, "app"):
+    for line in cluster.pod_log(namespace, name, container):
         if line.startswith("{"):
             found.append(json.loads(line))
     return found
 
 
-def allocated_cards(core: Any, namespace: str, name: str) -> list[str]:
+def allocated_cards(core: Any, namespace: str, name: str, container_name: str = "app") -> list[str]:
     """The card UUIDs the control plane's record gives the pod's container, in its order."""
     pod = core.read_namespaced_pod(name, namespace)
     record = json.loads(pod.metadata.annotations["tessera.io/allocation"])
-    (container,) = [c for c in record["containers"] if c["name"] == "app"]
+    (container,) = [c for c in record["containers"] if c["name"] == container_name]
     return [d["uuid"] for d in container["devices"]]
 
 
@@ -100,12 +102,14 @@ def check_sees_exactly_its_cards(
     assert report["beyond"] == CUDA_ERROR_OUT_OF_MEMORY, where
 
 
-def wait_report(cluster: RealNodeCluster, namespace: str, name: str, count: int = 1) -> list[Any]:
+def wait_report(
+    cluster: RealNodeCluster, namespace: str, name: str, count: int = 1, container: str = "app"
+) -> list[Any]:
     return list(
         objects.wait_for(
-            lambda: (r := reports(cluster, namespace, name)) and len(r) >= count and r,
+            lambda: (r := reports(cluster, namespace, name, container)) and len(r) >= count and r,
             timeout=60,
-            what=f"{count} probe report(s) from {namespace}/{name}",
+            what=f"{count} probe report(s) from {namespace}/{name}:{container}",
         )
     )
 
@@ -316,3 +320,30 @@ def test_pod_created_while_no_plugin_serves_never_runs_without_its_devices(
 
 
 pytestmark = pytest.mark.usefixtures("installed")
+
+
+def test_a_gpu_sidecar_and_the_app_container_each_get_their_own_slice(
+    node_cluster: RealNodeCluster, core: Any, namespace: str
+) -> None:
+    """A restartable init container (a sidecar) keeps its slice beside the app container: the
+    real kubelet lists it and gives it device IDs of its own, and the plugin must pair each
+    container with its own record entry, never the sidecar's twice."""
+    pod = probe_pod(node_cluster, "with-sidecar", gpus=1, gpumem=2000)
+    side = json.loads(json.dumps(pod["spec"]["containers"][0]))
+    side["name"], side["restartPolicy"] = "sidecar", "Always"
+    side["resources"]["limits"]["nvidia.com/gpumem"] = "1000"
+    side["args"] = ["--inside=500", "--beyond=1001", f"--card-mib={CARDS[0].memory_mib}", "--sleep"]
+    pod["spec"]["initContainers"] = [side]
+    core.create_namespaced_pod(namespace, pod)
+    objects.wait_for(lambda: running(core, namespace, "with-sidecar"), timeout=120, every=0.5,
+                     what=f"{namespace}/with-sidecar Running on the real node")  # fmt: skip
+    record = json.loads(
+        core.read_namespaced_pod("with-sidecar", namespace).metadata.annotations[
+            "tessera.io/allocation"
+        ]
+    )
+    assert [c.get("sidecar", False) for c in record["containers"] if c["init"]] == [True]
+    for container, gpumem in (("sidecar", 1000), ("app", 2000)):
+        cards = allocated_cards(core, namespace, "with-sidecar", container)
+        report = wait_report(node_cluster, namespace, "with-sidecar", container=container)[-1]
+        check_sees_exactly_its_cards(report, cards, gpumem, f"{namespace}/with-sidecar:{container}")
