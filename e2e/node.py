@@ -15,8 +15,9 @@ kubelet, and kube-controller-manager's DaemonSet controller (docs/e2e.md, "The r
   kubelet always uses /var/lib/kubelet/device-plugins/, so one real node runs per machine
   (a lock file there says which run holds it).
 - **kube-controller-manager** with only the DaemonSet controller, so the chart's node plugin
-  DaemonSet gets its pod (and a new one when it is deleted); nothing else of the harness
-  changes.
+  DaemonSet gets its pod (and a new one when it is deleted), and the root CA publisher, so a
+  pod that reads the API server (the node plugin, for pods' signed annotations) gets its
+  token volume; nothing else of the harness changes.
 
 Pods on the node use the host's network (no CNI here). Stopping removes every pod through
 containerd first, then stops the daemons by their process groups and removes what the kubelet
@@ -387,8 +388,10 @@ class RealNodeCluster(Cluster):
                 f"--kubeconfig={self.kubeconfig}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
-                # Only what the chart's node plugin needs: its DaemonSet gets its pods.
-                "--controllers=daemonset",
+                # Only what the chart's node plugin needs: its DaemonSet gets its pods, and
+                # each namespace the kube-root-ca.crt ConfigMap a pod's API token volume holds.
+                "--controllers=daemonset,root-ca-cert-publisher",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",

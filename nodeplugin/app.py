@@ -36,7 +36,12 @@ from nodeplugin.rpc import (
     unix_target,
 )
 from nodeplugin.servicer import Servicer
-from nodeplugin.sources import AllocationSource, AnnotationSource, ControlPlaneSource
+from nodeplugin.sources import (
+    AllocationSource,
+    AnnotationSource,
+    ControlPlaneSource,
+    FallbackSource,
+)
 from nodeplugin.store import NameStore
 from nodeplugin.usage import UsageCollector
 from nodeplugin.writer import Writer
@@ -88,14 +93,22 @@ class Plugin:
         )
         self.podres = PodResources(settings.pod_resources_socket, settings.resource_name)
         source: AllocationSource
-        if settings.allocation_source == "annotation":
+        if settings.allocation_source == "annotation" or settings.allocation_fallback:
             kube = KubeApi(
                 settings.kube_api_url,
                 settings.kube_token_file,
                 settings.kube_ca_file,
                 settings.http_timeout_s,
             )
-            source = AnnotationSource(kube, settings.allocation_key, settings.node_name)
+            signed = AnnotationSource(kube, settings.allocation_key, settings.node_name)
+        if settings.allocation_source == "annotation":
+            source = signed
+        elif settings.allocation_fallback:
+            source = FallbackSource(
+                ControlPlaneSource(self.cp, settings.node_name),
+                signed,
+                settings.controlplane_wait_s,
+            )
         else:
             source = ControlPlaneSource(self.cp, settings.node_name)
         layout = edits.Layout(

@@ -36,6 +36,10 @@ class Settings:
     token_file: Path = Path(f"{SA_DIR}/token")
     ca_file: Path | None = None
     allocation_source: str = "controlplane"  # or "annotation"
+    # With the control plane as the source: when it does not answer within
+    # controlplane_wait_s, take the pod's signed annotation from the API server instead.
+    allocation_fallback: bool = False
+    controlplane_wait_s: float = 5.0
     allocation_key: bytes = b""
     kube_api_url: str = ""
     kube_token_file: Path = Path(f"{SA_DIR}/token")
@@ -227,16 +231,22 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         )
     key = _allocation_key(env)
     kube_url = _kube_api_url(env)
-    if source == "annotation":
+    fallback = _bool(env, "TESSERA_ALLOCATION_FALLBACK", d.allocation_fallback)
+    if source == "annotation" or fallback:
+        what = (
+            "TESSERA_ALLOCATION_SOURCE=annotation"
+            if source == "annotation"
+            else "TESSERA_ALLOCATION_FALLBACK=true"
+        )
         if not key:
             raise ConfigError(
-                "TESSERA_ALLOCATION_SOURCE=annotation needs TESSERA_ALLOCATION_KEY_FILE (the "
-                "allocation-key Secret) to verify the signed annotation"
+                f"{what} needs TESSERA_ALLOCATION_KEY_FILE (the allocation-key Secret) to "
+                "verify the signed annotation"
             )
         if not kube_url:
             raise ConfigError(
-                "TESSERA_ALLOCATION_SOURCE=annotation needs the API server: set "
-                "TESSERA_KUBE_API_URL or run in a cluster (KUBERNETES_SERVICE_HOST)"
+                f"{what} needs the API server: set TESSERA_KUBE_API_URL or run in a cluster "
+                "(KUBERNETES_SERVICE_HOST)"
             )
     cdi_kind = env.get("TESSERA_CDI_KIND", "").strip() or d.cdi_kind
     if not _CDI_KIND.match(cdi_kind):
@@ -259,6 +269,10 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         token_file=_abs_path(env, "TESSERA_TOKEN_FILE", d.token_file),
         ca_file=_optional_path(env, "TESSERA_CA_FILE", None),
         allocation_source=source,
+        allocation_fallback=fallback and source == "controlplane",
+        controlplane_wait_s=_float(
+            env, "TESSERA_CONTROLPLANE_WAIT_S", d.controlplane_wait_s, 0.1, 20.0
+        ),
         allocation_key=key,
         kube_api_url=kube_url,
         kube_token_file=_abs_path(env, "TESSERA_KUBE_TOKEN_FILE", d.kube_token_file),

@@ -1,4 +1,5 @@
-"""Where the plugin gets a pod's allocation record: the control plane, or a signed annotation.
+"""Where the plugin gets a pod's allocation record: the control plane, or a signed annotation,
+or the control plane with the signed annotation when the control plane does not answer.
 
 Either way the record is checked against what the kubelet says (pod name, namespace) and this
 node's name before anything is written.
@@ -104,3 +105,34 @@ class AnnotationSource:
                 f"not the current pod {pod.uid}"
             )
         return record
+
+
+class FallbackSource:
+    """The control plane first; when it does not answer within ``wait_s``, the pod's signed
+    annotation. So GPU containers start and restart while the control plane is away: the
+    same record is on the pod, signed with the control plane's key. An answer from the
+    control plane is final, whatever it says: a pod the ledger has no binding for (released,
+    never scheduled by Tessera) is not started from an older annotation."""
+
+    def __init__(
+        self, primary: AllocationSource, fallback: AllocationSource, wait_s: float
+    ) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.wait_s = wait_s
+
+    async def fetch(self, namespace: str, name: str, deadline: float) -> Allocation:
+        soon = min(deadline, time.monotonic() + self.wait_s)
+        try:
+            return await self.primary.fetch(namespace, name, soon)
+        except SourceUnavailable as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning(
+                "the control plane did not answer for %s/%s (%s); taking the pod's signed "
+                "allocation annotation from the API server",
+                namespace,
+                name,
+                exc,
+            )
+        return await self.fallback.fetch(namespace, name, deadline)

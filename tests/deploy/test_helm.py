@@ -430,7 +430,7 @@ EXPECTED_RBAC = {
         "controlplane": set(),
         "scheduler": {KUBE_SCHEDULER, VOLUME_SCHEDULER, AUTH_READER},
         "worker": set(WORKER_RULES),
-        "nodeplugin": set(),
+        "nodeplugin": {("", "pods", "get")},
     },
     "values-replicas.yaml": {
         "controlplane": {("authentication.k8s.io", "tokenreviews", "create")},
@@ -497,7 +497,8 @@ def test_pods_use_their_own_service_accounts_and_tokens_only_where_needed() -> N
     assert pod("Deployment", "worker")["serviceAccountName"] == f"{RELEASE}-worker"
     assert pod("Deployment", "beat")["automountServiceAccountToken"] is False
     assert pod("DaemonSet", "nodeplugin")["serviceAccountName"] == f"{RELEASE}-nodeplugin"
-    assert pod("DaemonSet", "nodeplugin")["automountServiceAccountToken"] is False
+    # to read pods' signed annotations while the control plane is away (allocationFallback)
+    assert pod("DaemonSet", "nodeplugin")["automountServiceAccountToken"] is True
     for name in ("postgresql", "redis"):
         assert pod("StatefulSet", name)["automountServiceAccountToken"] is False
 
@@ -584,6 +585,32 @@ def test_node_plugin_service_account_token_and_annotation_modes() -> None:
     assert source["serviceAccountToken"]["audience"] == "tessera"
     assert volumes["allocation-key"]["secret"]["secretName"] == f"{RELEASE}-allocation-key"
     assert spec["automountServiceAccountToken"] is True
+
+
+def test_node_plugin_falls_back_to_the_signed_annotation_by_default() -> None:
+    """GPU containers start while the control plane is away: by default the plugin may read
+    pods (and only get them) and verify their signed annotation with the allocation key."""
+
+    def plugin(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        spec = one(docs, "DaemonSet", f"{RELEASE}-nodeplugin")["spec"]["template"]["spec"]
+        return spec, env_of(spec["containers"][0])
+
+    docs = render()
+    spec, env = plugin(docs)
+    assert env["TESSERA_ALLOCATION_SOURCE"] == "controlplane"
+    assert env["TESSERA_ALLOCATION_FALLBACK"] == "true"
+    assert env["TESSERA_ALLOCATION_KEY_FILE"] == "/var/run/tessera-key/key"
+    assert spec["automountServiceAccountToken"] is True
+    role = one(docs, "ClusterRole", f"{RELEASE}-nodeplugin")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+
+    docs = render(sets=("nodeplugin.allocationFallback=false",))
+    spec, env = plugin(docs)
+    assert env["TESSERA_ALLOCATION_FALLBACK"] == "false"
+    assert "TESSERA_ALLOCATION_KEY_FILE" not in env
+    assert spec["automountServiceAccountToken"] is False
+    assert not [d for d in find(docs, "ClusterRole") if "nodeplugin" in d["metadata"]["name"]]
+    assert "allocation-key" not in {v["name"] for v in spec["volumes"]}
 
 
 # --- monitoring ------------------------------------------------------------------------------

@@ -187,7 +187,8 @@ DEFAULT_MATRIX = [
     ("controlplane", "create", "tokenreviews", TOKENREVIEW, False),
     ("controlplane", "get", "secrets", {"namespace": NAMESPACE}, False),
     ("nodeplugin", "list", "secrets", {"namespace": NAMESPACE}, False),
-    ("nodeplugin", "get", "pods", {}, False),
+    ("nodeplugin", "get", "pods", {}, True),  # signed annotations while the control plane is away
+    ("nodeplugin", "list", "pods", {}, False),
     ("nodeplugin", "get", "nodes", CLUSTER, False),
     ("nodeplugin", "create", "pods", {"subresource": "binding"}, False),
 ]  # fmt: skip

@@ -53,6 +53,16 @@ def test_overrides() -> None:
             {"TESSERA_ALLOCATION_SOURCE": "annotation", "TESSERA_ALLOCATION_KEY": "k" * 32},
             "needs the API server",
         ),
+        (
+            {"TESSERA_ALLOCATION_FALLBACK": "true"},
+            "TESSERA_ALLOCATION_FALLBACK=true needs TESSERA_ALLOCATION_KEY_FILE",
+        ),
+        (
+            {"TESSERA_ALLOCATION_FALLBACK": "true", "TESSERA_ALLOCATION_KEY": "k" * 32},
+            "TESSERA_ALLOCATION_FALLBACK=true needs the API server",
+        ),
+        ({"TESSERA_ALLOCATION_FALLBACK": "sometimes"}, "not a boolean"),
+        ({"TESSERA_CONTROLPLANE_WAIT_S": "60"}, "TESSERA_CONTROLPLANE_WAIT_S=60.0 is out of range"),
         ({"TESSERA_ALLOCATION_KEY": "k" * 31}, "holds 31 bytes; it needs at least 32"),
         ({"TESSERA_ALLOCATION_KEY_FILE": "/nonexistent/key"}, "cannot be read"),
         ({"TESSERA_IGNORED_XIDS": "13,x"}, "comma list"),
@@ -83,3 +93,16 @@ def test_annotation_mode_from_the_cluster_environment(tmp_path: Path) -> None:
     )
     assert s.allocation_key == b"x" * 32
     assert s.kube_api_url == "https://10.0.0.1:6443"
+
+
+def test_the_fallback_to_the_signed_annotation_from_the_cluster_environment(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("x" * 32 + "\n")
+    cluster = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"}
+    s = config.load(
+        {**BASE, **cluster, "TESSERA_ALLOCATION_FALLBACK": "true",
+         "TESSERA_ALLOCATION_KEY_FILE": str(key)}
+    )  # fmt: skip
+    assert s.allocation_source == "controlplane" and s.allocation_fallback
+    assert s.controlplane_wait_s == 5.0
+    assert not config.load({**BASE, **cluster}).allocation_fallback

@@ -816,3 +816,76 @@ def test_cdi_variants_annotation_and_driver_devices(short_tmp: Path) -> None:
             assert env["CUDA_VISIBLE_DEVICES"] == f"{u[3]},{u[1]}"
 
     run(main)
+
+
+def test_gpu_containers_start_from_the_signed_annotation_while_the_control_plane_is_away(
+    short_tmp: Path,
+) -> None:
+    """With the fallback on, a GPU container starts (and restarts) while the control plane is
+    down, from the record the control plane signed onto the pod; the node reports what it
+    gave once the control plane is back. An answer from the control plane stays final."""
+    key = b"k" * 32
+    root = short_tmp / "away"
+    from tests.nodeplugin.harness.controlplane import FakeControlPlane
+
+    api = FakeControlPlane()  # plays the API server for pod GETs
+    api.add_token(TOKEN, NODE)
+
+    async def main() -> None:
+        async with fake_node(
+            root,
+            TESSERA_ALLOCATION_FALLBACK="true",
+            TESSERA_CONTROLPLANE_WAIT_S="0.5",
+            TESSERA_ALLOCATION_KEY_FILE=str(_write(root.parent / "key", key)),
+            TESSERA_KUBE_API_URL=api.url,
+            TESSERA_KUBE_TOKEN_FILE=str(_write(root.parent / "kube-token", TOKEN.encode())),
+        ) as node:
+            k, plane, u = node.kubelet, node.plane, node.uuids
+            steady, raw = bind_pod(api, "steady", [("app", False, [(u[0], 2048, 20)])], key=key)
+            plane.bind(raw, annotations=False)
+            away, raw_away = bind_pod(api, "away", [("app", False, [(u[1], 1024, 0)])], key=key)
+            plane.bind(raw_away, annotations=False)
+            await k.admit(steady)
+            await k.start_container(steady, "app")
+            assert "signed allocation annotation" not in node.plugin.text()
+
+            plane.stop()
+            await k.admit(away)
+            await k.start_container(away, "app")
+            env = spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(away, "app")))
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "1024"
+            assert "signed allocation annotation" in node.plugin.text()
+            await k.start_container(steady, "app")  # a restart while away
+            env = spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(steady, "app")))
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "2048"
+            # what the pod's owner wrote is still nothing
+            forged, _ = bind_pod(
+                api, "forged", [("app", False, [(u[2], 81920, 100)])], key=b"x" * 32
+            )
+            await k.admit(forged)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.start_container(forged, "app")
+            assert "not signed by the control plane" in (err.value.details() or "")
+
+            plane.start()
+            away_uid = json.loads(raw_away)["pod_uid"]
+            await eventually(
+                lambda: any(uid == away_uid for uid, _, _ in plane.allocated),
+                timeout=10,
+                what="the allocation reported once the control plane is back",
+            )
+            # back, and the ledger has no binding for a pod that carries a signed record:
+            # the control plane's answer wins, nothing is started
+            released, _ = bind_pod(api, "released", [("app", False, [(u[3], 500, 0)])], key=key)
+            await k.admit(released)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.start_container(released, "app")
+            assert "no active allocation" in (err.value.details() or "")
+            name = cdi_name(released, "app").partition("=")[2]
+            assert not list(node.plugin.cdi_dir.glob(f"*{name}*"))
+            assert node.plugin.alive()
+
+    try:
+        run(main)
+    finally:
+        api.stop()
