@@ -19,7 +19,14 @@ Environment variables (all optional):
   TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
   TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
-  TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto from the ingress
+  TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto and X-Forwarded-For from the ingress
+  TESSERA_PROXY_HOPS             proxies that append to X-Forwarded-For before the control plane
+                                 (default 1: the ingress); the client address is the entry the
+                                 outermost one added
+  TESSERA_LOGIN_FAILURE_LIMIT    failed sign-ins of one username from one address before that
+                                 pair is locked out (default 5); /login/ and /admin/login/
+  TESSERA_LOGIN_COOLOFF_S        how long a lockout lasts, restarted by each refused attempt
+                                 (default 900); API tokens are never throttled
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
   TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
                                  default-scheduler); pods naming any other are left alone
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -118,6 +126,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "controlplane.access",
     "controlplane.ledger",
     "controlplane.kube",
@@ -137,6 +146,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a refused sign-in into the locked-out page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -218,6 +229,13 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
 
+# django-axes' backend first: it refuses a sign-in while its username and address are locked out,
+# before the password is checked. API tokens never pass through here (they are not passwords).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -255,7 +273,8 @@ for _origin in CSRF_TRUSTED_ORIGINS:
         raise ImproperlyConfigured(
             f"TESSERA_CSRF_TRUSTED_ORIGINS: {_origin!r} needs its scheme, e.g. https://{_origin}"
         )
-if env_bool("TESSERA_BEHIND_TLS_PROXY", False):
+BEHIND_TLS_PROXY = env_bool("TESSERA_BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 SESSION_COOKIE_HTTPONLY = True
@@ -264,6 +283,27 @@ SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- Sign-in throttling (django-axes; docs/operator-guide.md, "Sign-in throttling") -------------
+# Failed sign-ins at /login/ and /admin/login/ are counted per username *and* client address, in
+# the database (so every replica sees the same count). After TESSERA_LOGIN_FAILURE_LIMIT of them
+# that pair is refused (429, with Retry-After) for TESSERA_LOGIN_COOLOFF_S, and each attempt during
+# the lockout starts the cool-off again; the same person from elsewhere, and everyone else, can
+# still sign in. A successful sign-in clears the count. Unlock early: the admin's "Access
+# attempts", or `manage.py axes_reset_username <name>`.
+AXES_FAILURE_LIMIT = env_int("TESSERA_LOGIN_FAILURE_LIMIT", 5, low=1, high=1000)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=env_int("TESSERA_LOGIN_COOLOFF_S", 900, low=1, high=30 * 86400) or 900
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# No row per successful sign-in (Django keeps each user's last_login): the tables stay bounded,
+# since axes deletes attempts older than the cool-off whenever it counts one.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_LOCKOUT_CALLABLE = "controlplane.access.signin.locked_out"
+# The address a guess came from: the peer, or behind the TLS proxy the address that proxy put in
+# X-Forwarded-For (controlplane.access.signin.client_ip), never a header a client chose.
+AXES_CLIENT_IP_CALLABLE = "controlplane.access.signin.client_ip"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -345,6 +385,10 @@ TESSERA = {
     "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
     "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
     "DECISION_LOG_MAX_NODES": 50,
+    # Behind an ingress: how many proxies append to X-Forwarded-For in front of the control plane
+    # (the client address for sign-in throttling is the entry the outermost of them added).
+    "BEHIND_TLS_PROXY": BEHIND_TLS_PROXY,
+    "PROXY_HOPS": env_int("TESSERA_PROXY_HOPS", 1, low=1, high=10),
     # Node plugins in a cluster: their ServiceAccounts, "namespace:name" comma list (TokenReview)
     "NODE_SERVICE_ACCOUNTS": env_str("TESSERA_NODE_SERVICE_ACCOUNTS", ""),
     # reconciler

@@ -236,9 +236,8 @@ def test_unsafe_next_is_ignored(cluster: None) -> None:
 
 
 def test_forms_need_csrf(cluster: None) -> None:
-    person("olga", Role.OPERATOR)
     client = Client(enforce_csrf_checks=True)
-    client.login(username="olga", password=PASSWORD)
+    client.force_login(person("olga", Role.OPERATOR))
     before = state()
     assert client.post("/quotas/", {"namespace": "team-a", "gpus": "1"}).status_code == 403
     assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
