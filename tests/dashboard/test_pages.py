@@ -147,7 +147,7 @@ def test_nodes_page_draws_cards_split_into_slices(cluster: None) -> None:
     assert n1.count('class="cardrow') == 2
     assert 'data-pod="team-a/train-0"' in n1 and 'data-pod="team-b/infer-0"' in n1
     assert "team-a/train-0 · container trainer · 20480 MiB · 50%" in n1
-    assert re.search(r'style="width: 25\.0%" data-pod="team-a/train-0"', n1)  # 20480/81920
+    assert re.search(r'data-width="25\.0" data-pod="team-a/train-0"', n1)  # 20480/81920
     assert "NVIDIA L4" in body
 
 
