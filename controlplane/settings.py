@@ -20,6 +20,9 @@ Environment variables (all optional):
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
   TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
   TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto and X-Forwarded-For from the ingress
+  TESSERA_HSTS_SECONDS           Strict-Transport-Security max-age on HTTPS responses (default:
+                                 31536000 in production, 0 = none elsewhere)
+  TESSERA_HSTS_INCLUDE_SUBDOMAINS, TESSERA_HSTS_PRELOAD   1: add those HSTS flags (default 0)
   TESSERA_PROXY_HOPS             proxies that append to X-Forwarded-For before the control plane
                                  (default 1: the ingress); the client address is the entry the
                                  outermost one added
@@ -278,6 +281,16 @@ for _origin in CSRF_TRUSTED_ORIGINS:
 BEHIND_TLS_PROXY = env_bool("TESSERA_BEHIND_TLS_PROXY", False)
 if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# HSTS: on by default in production, and only ever sent with HTTPS responses (Django's
+# SecurityMiddleware adds it when the request is secure: the control plane's own TLS listener, or
+# the ingress's X-Forwarded-Proto under TESSERA_BEHIND_TLS_PROXY), so a plain-HTTP port-forward
+# or probe never pins anything. Browsers then refuse plain HTTP to the host for that long.
+SECURE_HSTS_SECONDS = env_int(
+    "TESSERA_HSTS_SECONDS", 31536000 if PRODUCTION else 0, low=0, high=2 * 31536000
+)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TESSERA_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("TESSERA_HSTS_PRELOAD", False)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
