@@ -293,9 +293,11 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TESSERA_HSTS_INCLUDE_SUBDOMAINS", Fal
 SECURE_HSTS_PRELOAD = env_bool("TESSERA_HSTS_PRELOAD", False)
 
 SESSION_COOKIE_HTTPONLY = True
-CSRF_COOKIE_HTTPONLY = False
 SESSION_COOKIE_SECURE = PRODUCTION
-CSRF_COOKIE_SECURE = PRODUCTION
+# The CSRF token lives in the session, not in a cookie of its own: it is good only for the
+# session it was issued to (a cookie planted from a sibling host cannot pair with a forged
+# form) and is replaced at sign-in. Pages put it in their forms; nothing reads it from a cookie.
+CSRF_USE_SESSIONS = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 
