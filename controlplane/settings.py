@@ -30,6 +30,13 @@ Environment variables (all optional):
                                  pair is locked out (default 5); /login/ and /admin/login/
   TESSERA_LOGIN_COOLOFF_S        how long a lockout lasts, restarted by each refused attempt
                                  (default 900); API tokens are never throttled
+  TESSERA_MISSING_CARD_RETENTION_S  cards missing from their node's reports and used by no active
+                                 slice are deleted after this long (default 604800, 7 days)
+  TESSERA_MISSING_CARDS_PER_NODE most such cards kept per node; the longest missing beyond it are
+                                 deleted at the report (default 64)
+  TESSERA_DECISION_RETENTION_S   decision log entries older than this are deleted (default 86400);
+                                 those of bound or deleted pods at the next prune or reconcile
+  TESSERA_PRUNE_BATCH            most rows of one kind deleted per prune or reconcile pass (5000)
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
   TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
                                  default-scheduler); pods naming any other are left alone
@@ -422,6 +429,19 @@ TESSERA = {
     "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
     "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
     "DECISION_LOG_MAX_NODES": 50,
+    # --- retention (docs/reconciler.md, "Pruning") ---
+    # Cards gone from their node's reports, no active slice on them: deleted after this long.
+    "MISSING_CARD_RETENTION_S": env_int(
+        "TESSERA_MISSING_CARD_RETENTION_S", 7 * 86400, low=60, high=365 * 86400
+    ),
+    # ... and at once beyond this many per node (longest missing first): a plugin that reports
+    # ever-new UUIDs cannot grow the ledger without bound between two prunes.
+    "MISSING_CARDS_PER_NODE": env_int("TESSERA_MISSING_CARDS_PER_NODE", 64, low=0, high=4096),
+    # Decision log entries older than this are deleted (a pending pod's is rewritten at each
+    # filter, every few minutes at most); those of pods bound or gone go at the next prune.
+    "DECISION_RETENTION_S": env_int("TESSERA_DECISION_RETENTION_S", 86400, low=60, high=90 * 86400),
+    # Most rows of one kind one prune (or one reconcile pass) deletes; the next one goes on.
+    "PRUNE_BATCH": env_int("TESSERA_PRUNE_BATCH", 5000, low=1, high=1_000_000),
     # Behind an ingress: how many proxies append to X-Forwarded-For in front of the control plane
     # (the client address for sign-in throttling is the entry the outermost of them added).
     "BEHIND_TLS_PROXY": BEHIND_TLS_PROXY,
