@@ -30,6 +30,7 @@ Environment variables (all optional):
                                  pair is locked out (default 5); /login/ and /admin/login/
   TESSERA_LOGIN_COOLOFF_S        how long a lockout lasts, restarted by each refused attempt
                                  (default 900); API tokens are never throttled
+  TESSERA_PRUNE_PERIOD_S         how often beat sends the prune task (default 300)
   TESSERA_MISSING_CARD_RETENTION_S  cards missing from their node's reports and used by no active
                                  slice are deleted after this long (default 604800, 7 days)
   TESSERA_MISSING_CARDS_PER_NODE most such cards kept per node; the longest missing beyond it are
@@ -231,12 +232,19 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # Redis away for a while: keep trying
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 CELERY_TASK_DEFAULT_QUEUE = "tessera"
+# Retention (docs/reconciler.md, "Pruning"): missing cards, the decision log, expired sessions.
+PRUNE_PERIOD_S = env_int("TESSERA_PRUNE_PERIOD_S", 300, low=1, high=86400)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "controlplane.reconciler.tasks.reconcile",
         "schedule": float(RECONCILE_PERIOD_S or 15),
         # A reconcile that waited longer than a period is superseded by the next one.
         "options": {"expires": float(RECONCILE_PERIOD_S or 15)},
+    },
+    "prune": {
+        "task": "controlplane.reconciler.tasks.prune",
+        "schedule": float(PRUNE_PERIOD_S or 300),
+        "options": {"expires": float(PRUNE_PERIOD_S or 300)},
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
