@@ -19,7 +19,25 @@ Environment variables (all optional):
   TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
   TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
-  TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto from the ingress
+  TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto and X-Forwarded-For from the ingress
+  TESSERA_HSTS_SECONDS           Strict-Transport-Security max-age on HTTPS responses (default:
+                                 31536000 in production, 0 = none elsewhere)
+  TESSERA_HSTS_INCLUDE_SUBDOMAINS, TESSERA_HSTS_PRELOAD   1: add those HSTS flags (default 0)
+  TESSERA_PROXY_HOPS             proxies that append to X-Forwarded-For before the control plane
+                                 (default 1: the ingress); the client address is the entry the
+                                 outermost one added
+  TESSERA_LOGIN_FAILURE_LIMIT    failed sign-ins of one username from one address before that
+                                 pair is locked out (default 5); /login/ and /admin/login/
+  TESSERA_LOGIN_COOLOFF_S        how long a lockout lasts, restarted by each refused attempt
+                                 (default 900); API tokens are never throttled
+  TESSERA_PRUNE_PERIOD_S         how often beat sends the prune task (default 300)
+  TESSERA_MISSING_CARD_RETENTION_S  cards missing from their node's reports and used by no active
+                                 slice are deleted after this long (default 604800, 7 days)
+  TESSERA_MISSING_CARDS_PER_NODE most such cards kept per node; the longest missing beyond it are
+                                 deleted at the report (default 64)
+  TESSERA_DECISION_RETENTION_S   decision log entries older than this are deleted (default 86400);
+                                 those of bound or deleted pods at the next prune or reconcile
+  TESSERA_PRUNE_BATCH            most rows of one kind deleted per prune or reconcile pass (5000)
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
   TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
                                  default-scheduler); pods naming any other are left alone
@@ -29,9 +47,11 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -118,6 +138,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "controlplane.access",
     "controlplane.ledger",
     "controlplane.kube",
@@ -129,6 +150,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "controlplane.middleware.BodySizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -137,6 +159,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a refused sign-in into the locked-out page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -208,6 +232,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # Redis away for a while: keep trying
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 CELERY_TASK_DEFAULT_QUEUE = "tessera"
+# Retention (docs/reconciler.md, "Pruning"): missing cards, the decision log, expired sessions.
+PRUNE_PERIOD_S = env_int("TESSERA_PRUNE_PERIOD_S", 300, low=1, high=86400)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
         "task": "controlplane.reconciler.tasks.reconcile",
@@ -215,8 +241,20 @@ CELERY_BEAT_SCHEDULE = {
         # A reconcile that waited longer than a period is superseded by the next one.
         "options": {"expires": float(RECONCILE_PERIOD_S or 15)},
     },
+    "prune": {
+        "task": "controlplane.reconciler.tasks.prune",
+        "schedule": float(PRUNE_PERIOD_S or 300),
+        "options": {"expires": float(PRUNE_PERIOD_S or 300)},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(LOCAL_DIR / "celerybeat-schedule")
+
+# django-axes' backend first: it refuses a sign-in while its username and address are locked out,
+# before the password is checked. API tokens never pass through here (they are not passwords).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -255,15 +293,69 @@ for _origin in CSRF_TRUSTED_ORIGINS:
         raise ImproperlyConfigured(
             f"TESSERA_CSRF_TRUSTED_ORIGINS: {_origin!r} needs its scheme, e.g. https://{_origin}"
         )
-if env_bool("TESSERA_BEHIND_TLS_PROXY", False):
+BEHIND_TLS_PROXY = env_bool("TESSERA_BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# HSTS: on by default in production, and only ever sent with HTTPS responses (Django's
+# SecurityMiddleware adds it when the request is secure: the control plane's own TLS listener, or
+# the ingress's X-Forwarded-Proto under TESSERA_BEHIND_TLS_PROXY), so a plain-HTTP port-forward
+# or probe never pins anything. Browsers then refuse plain HTTP to the host for that long.
+SECURE_HSTS_SECONDS = env_int(
+    "TESSERA_HSTS_SECONDS", 31536000 if PRODUCTION else 0, low=0, high=2 * 31536000
+)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TESSERA_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("TESSERA_HSTS_PRELOAD", False)
+
 SESSION_COOKIE_HTTPONLY = True
-CSRF_COOKIE_HTTPONLY = False
 SESSION_COOKIE_SECURE = PRODUCTION
-CSRF_COOKIE_SECURE = PRODUCTION
+# The CSRF token lives in the session, not in a cookie of its own: it is good only for the
+# session it was issued to (a cookie planted from a sibling host cannot pair with a forged
+# form) and is replaced at sign-in. Pages put it in their forms; nothing reads it from a cookie.
+CSRF_USE_SESSIONS = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# Content-Security-Policy on every response (django-csp), in every environment: the pages load
+# only this origin's files. No 'unsafe-inline': the dashboard's script is static/dashboard/
+# tessera.js, bar widths are set through the CSSOM from data-width, htmx is told not to inject
+# its indicator <style> or eval anything (templates/base.html). tests/dashboard/browser checks
+# that no page, the admin's included, reports a violation.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# --- Sign-in throttling (django-axes; docs/operator-guide.md, "Sign-in throttling") -------------
+# Failed sign-ins at /login/ and /admin/login/ are counted per username *and* client address, in
+# the database (so every replica sees the same count). After TESSERA_LOGIN_FAILURE_LIMIT of them
+# that pair is refused (429, with Retry-After) for TESSERA_LOGIN_COOLOFF_S, and each attempt during
+# the lockout starts the cool-off again; the same person from elsewhere, and everyone else, can
+# still sign in. A successful sign-in clears the count. Unlock early: the admin's "Access
+# attempts", or `manage.py axes_reset_username <name>`.
+AXES_FAILURE_LIMIT = env_int("TESSERA_LOGIN_FAILURE_LIMIT", 5, low=1, high=1000)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=env_int("TESSERA_LOGIN_COOLOFF_S", 900, low=1, high=30 * 86400) or 900
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# No row per successful sign-in (Django keeps each user's last_login): the tables stay bounded,
+# since axes deletes attempts older than the cool-off whenever it counts one.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_LOCKOUT_CALLABLE = "controlplane.access.signin.locked_out"
+# The address a guess came from: the peer, or behind the TLS proxy the address that proxy put in
+# X-Forwarded-For (controlplane.access.signin.client_ip), never a header a client chose.
+AXES_CLIENT_IP_CALLABLE = "controlplane.access.signin.client_ip"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -345,6 +437,23 @@ TESSERA = {
     "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
     "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
     "DECISION_LOG_MAX_NODES": 50,
+    # --- retention (docs/reconciler.md, "Pruning") ---
+    # Cards gone from their node's reports, no active slice on them: deleted after this long.
+    "MISSING_CARD_RETENTION_S": env_int(
+        "TESSERA_MISSING_CARD_RETENTION_S", 7 * 86400, low=60, high=365 * 86400
+    ),
+    # ... and at once beyond this many per node (longest missing first): a plugin that reports
+    # ever-new UUIDs cannot grow the ledger without bound between two prunes.
+    "MISSING_CARDS_PER_NODE": env_int("TESSERA_MISSING_CARDS_PER_NODE", 64, low=0, high=4096),
+    # Decision log entries older than this are deleted (a pending pod's is rewritten at each
+    # filter, every few minutes at most); those of pods bound or gone go at the next prune.
+    "DECISION_RETENTION_S": env_int("TESSERA_DECISION_RETENTION_S", 86400, low=60, high=90 * 86400),
+    # Most rows of one kind one prune (or one reconcile pass) deletes; the next one goes on.
+    "PRUNE_BATCH": env_int("TESSERA_PRUNE_BATCH", 5000, low=1, high=1_000_000),
+    # Behind an ingress: how many proxies append to X-Forwarded-For in front of the control plane
+    # (the client address for sign-in throttling is the entry the outermost of them added).
+    "BEHIND_TLS_PROXY": BEHIND_TLS_PROXY,
+    "PROXY_HOPS": env_int("TESSERA_PROXY_HOPS", 1, low=1, high=10),
     # Node plugins in a cluster: their ServiceAccounts, "namespace:name" comma list (TokenReview)
     "NODE_SERVICE_ACCOUNTS": env_str("TESSERA_NODE_SERVICE_ACCOUNTS", ""),
     # reconciler

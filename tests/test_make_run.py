@@ -73,7 +73,10 @@ def test_make_run_serves_admin_and_inventory_api(tmp_path: Path) -> None:
         assert "Tessera" in login_page
         css = re.search(r'href="(/static/admin/css/[^"]+\.css)"', login_page)
         assert css and opener.open(base + css.group(1)).status == 200
-        csrf = next(c.value for c in jar if c.name == "csrftoken")
+        # The CSRF token lives in the session (CSRF_USE_SESSIONS): read it from the form.
+        token_field = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page)
+        assert token_field, login_page
+        csrf = token_field.group(1)
         form = urllib.parse.urlencode(
             {
                 "username": "admin",

@@ -34,7 +34,16 @@ class CardReportSerializer(serializers.Serializer):
 
 class InventoryReportSerializer(serializers.Serializer):
     plugin_version = StrictCharField(max_length=64, allow_blank=True)
-    cards = CardReportSerializer(many=True, max_length=MAX_CARDS_PER_NODE, allow_empty=True)
+    cards = CardReportSerializer(
+        many=True,
+        max_length=MAX_CARDS_PER_NODE,
+        allow_empty=True,
+        error_messages={
+            "max_length": f"At most {MAX_CARDS_PER_NODE} cards in one report: no node has more "
+            "GPUs than that, so a longer list is a broken or forged report. Send the node's "
+            "cards only."
+        },
+    )
 
     def validate_cards(self, cards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("uuid", "index"):

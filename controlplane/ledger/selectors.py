@@ -18,7 +18,14 @@ from django.conf import settings
 from django.db.models import Count, Max, Q
 
 from controlplane.ledger import allocation, sql, usage
-from controlplane.ledger.models import Card, NamespaceQuota, Node, PodBinding, Slice
+from controlplane.ledger.models import (
+    Card,
+    NamespaceQuota,
+    Node,
+    PodBinding,
+    SchedulingDecision,
+    Slice,
+)
 from controlplane.scheduling import (
     CardClaim,
     CardState,
@@ -216,6 +223,14 @@ def uids_with_bindings(pod_uids: Sequence[str]) -> set[str]:
         chunk = pod_uids[start : start + 5000]
         found.update(PodBinding.objects.filter(pod_uid__in=chunk).values_list("pod_uid", flat=True))
     return found
+
+
+def decided_pod_uids(before: datetime) -> set[str]:
+    """The pods with a decision log entry decided before `before` (one query; the log is
+    bounded by its retention), for the reconciler to find those the cluster no longer has."""
+    return set(
+        SchedulingDecision.objects.filter(decided_at__lt=before).values_list("pod_uid", flat=True)
+    )
 
 
 # --- inventory -----------------------------------------------------------------------------------

@@ -7,7 +7,13 @@ API server says the version expired (410), when the version is ahead of the API 
 restored from a backup: a watch from it would wait in silence), or when the last full relist is
 older than TESSERA_FULL_RESYNC_S. Temporary errors (API server or Redis away) are retried with
 exponential backoff and jitter; a run that dies half-way has committed only whole repairs, and the
-next run finds the rest, because every repair is level-based.
+next run finds the rest, because every repair is level-based. Each pass also drops the decision
+log entries of pods the cluster no longer has.
+
+`prune` deletes what the ledger need not keep (docs/reconciler.md, "Pruning"): cards long gone
+from their node's reports that nothing holds, decision log entries past their use, expired
+sessions. Also once at a time (a lock of its own), and bounded per run (PRUNE_BATCH rows of each
+kind): a backlog goes over the next runs.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import logging
 import random
 import time
 from collections import Counter
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import import_module
 from typing import Any, Protocol
 
 import redis
@@ -28,8 +36,8 @@ from django.utils import timezone
 from controlplane.kube import adapter
 from controlplane.kube.sources import ClusterSource, TemporaryError, WatchExpired
 from controlplane.ledger.allocation import verify_allocation
-from controlplane.ledger.selectors import expired_reservations
-from controlplane.ledger.services import nodes
+from controlplane.ledger.selectors import decided_pod_uids, expired_reservations
+from controlplane.ledger.services import decisions, nodes
 from controlplane.reconciler import services
 from controlplane.reconciler.models import ReconcileRun
 
@@ -38,6 +46,10 @@ log = logging.getLogger(__name__)
 LOCK_KEY = "tessera:reconcile:lock"
 RV_KEY = "tessera:reconcile:pods-rv"
 LAST_FULL_KEY = "tessera:reconcile:last-full"
+PRUNE_LOCK_KEY = "tessera:prune:lock"
+# A prune deletes at most a few batches of rows: seconds. Longer than that, the lock has outlived
+# a worker that died holding it.
+PRUNE_LOCK_TTL_S = 600
 MAX_RETRIES = 8
 
 
@@ -72,6 +84,50 @@ def reconcile(self: Any, full: bool = False) -> dict[str, Any]:
         # Redis restarted or the lock expired: nothing to release; the TTL covers the rest.
         with contextlib.suppress(redis.RedisError):
             lock.release()
+
+
+@shared_task(bind=True, name="controlplane.reconciler.tasks.prune", max_retries=MAX_RETRIES)
+def prune(self: Any) -> dict[str, Any]:
+    """One prune, or nothing when another worker holds the prune lock."""
+    try:
+        client = redis_client()
+        lock = client.lock(PRUNE_LOCK_KEY, timeout=PRUNE_LOCK_TTL_S)
+        if not lock.acquire(blocking=False):
+            return {"skipped": "another prune is running"}
+    except redis.RedisError as exc:
+        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+    try:
+        result = run_prune()
+        return {"cards": list(result.cards), "decisions": result.decisions}
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            lock.release()
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    cards: tuple[str, ...]  # UUIDs of the cards deleted
+    decisions: int  # decision log entries deleted
+
+
+def run_prune(now: datetime | None = None) -> PruneResult:
+    """Delete cards long missing that nothing holds, decision log entries past their use and
+    expired sessions, each through its owner (the ledger's services; Django's session store)."""
+    now = now or timezone.now()
+    cards = nodes.prune_missing_cards(services.SYSTEM, now=now)
+    pruned_decisions = decisions.prune_decisions(now=now)
+    # Every visitor of the sign-in page has a session (its CSRF token lives there): drop the
+    # expired ones, as `manage.py clearsessions` would.
+    with contextlib.suppress(NotImplementedError):  # a store that expires by itself
+        import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
+    if cards or pruned_decisions:
+        log.info(
+            "prune: %d card(s) long missing (%s), %d decision log entries",
+            len(cards),
+            ", ".join(c.uuid for c in cards[:10]) + (", ..." if len(cards) > 10 else ""),
+            pruned_decisions,
+        )
+    return PruneResult(tuple(c.uuid for c in cards), pruned_decisions)
 
 
 class StateStore(Protocol):
@@ -152,6 +208,8 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
                 verify=verify,
                 deleted_uids=deleted,
             )
+            if deleted:
+                decisions.forget_decisions(deleted, before=timezone.now())
             run.pods_seen = len(seen) + len(deleted)
             state.set(RV_KEY, source.last_resource_version())
         except WatchExpired:
@@ -162,6 +220,11 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         listed_at = timezone.now()
         pods, new_rv = source.list_pods(settings.TESSERA["LIST_PAGE_SIZE"])
         drift += services.reconcile_pods(pods, listed_at=listed_at, complete=True, verify=verify)
+        # "Why pending?" entries of pods that are gone (deleted while pending) stop counting as
+        # pending now, not when they age out.
+        gone = decided_pod_uids(listed_at) - {pod.uid for pod in pods}
+        if gone:
+            decisions.forget_decisions(gone, before=listed_at)
         cluster_nodes = source.list_node_names()
         drift["nodes_deleted"] += nodes.mark_deleted_nodes(cluster_nodes, services.SYSTEM)
         run.pods_seen, run.nodes_seen = len(pods), len(cluster_nodes)

@@ -164,6 +164,15 @@ def test_bad_input_names_the_field_and_changes_nothing(case: str, body: Any, fie
     assert ledger_state() == before
 
 
+def test_a_report_of_more_cards_than_a_node_can_have_says_the_limit() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    response = put(client, "gpu-1", report(*[card_json(f"GPU-{i}", i % 64) for i in range(65)]))
+    assert response.status_code == 400
+    message = response.json()["fields"]["cards"]
+    assert "At most 64 cards in one report" in message
+    assert not Node.objects.exists() and not Card.objects.exists()
+
+
 def test_invalid_node_name_is_400() -> None:
     client = token_client("root-admin", Role.ADMIN)
     response = put(client, "Bad_Name", report(card_json()))

@@ -86,7 +86,8 @@ def test_login_and_logout() -> None:
     client = Client(enforce_csrf_checks=True)
     page = client.get("/login/")
     assert page.status_code == 200 and b'name="password"' in page.content
-    token = page.cookies["csrftoken"].value
+    assert "csrftoken" not in page.cookies  # the token lives in the session, not a cookie
+    token = form_token(page)
     bad = client.post(
         "/login/", {"username": "vera", "password": "nope", "csrfmiddlewaretoken": token}
     )
@@ -98,9 +99,38 @@ def test_login_and_logout() -> None:
     assert ok.status_code == 302 and ok["Location"] == "/nodes/"
     assert client.get("/nodes/").status_code == 200
     assert client.get("/logout/").status_code == 405  # logout is a POST
-    out = client.post("/logout/", {"csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    out = client.post("/logout/", {"csrfmiddlewaretoken": form_token(client.get("/nodes/"))})
     assert out.status_code == 302
     assert client.get("/nodes/").status_code == 302
+
+
+def form_token(response: Any) -> str:
+    """The CSRF token a page's forms carry."""
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.content.decode())
+    assert found, "no form with a CSRF token on the page"
+    return found.group(1)
+
+
+def test_the_csrf_token_belongs_to_the_session() -> None:
+    """CSRF_USE_SESSIONS: a token is good only in the session it was issued to, and signing in
+    replaces it, so neither a planted cookie nor a token taken before sign-in gets a form in."""
+    person("vera", Role.VIEWER)
+    mine, theirs = Client(enforce_csrf_checks=True), Client(enforce_csrf_checks=True)
+    mine_token = form_token(mine.get("/login/"))
+    their_token = form_token(theirs.get("/login/"))
+    credentials = {"username": "vera", "password": PASSWORD}
+    refused = mine.post("/login/", {**credentials, "csrfmiddlewaretoken": their_token})
+    assert refused.status_code == 403  # another session's token
+    mine.cookies["csrftoken"] = their_token  # a cookie is not where the token is looked for
+    refused = mine.post("/login/", {**credentials, "csrfmiddlewaretoken": their_token})
+    assert refused.status_code == 403
+    signed = mine.post("/login/", {**credentials, "csrfmiddlewaretoken": mine_token})
+    assert signed.status_code == 302
+    stale = mine.post("/logout/", {"csrfmiddlewaretoken": mine_token})
+    assert stale.status_code == 403  # rotated at sign-in
+    fresh = form_token(mine.get("/nodes/"))
+    assert fresh != mine_token
+    assert mine.post("/logout/", {"csrfmiddlewaretoken": fresh}).status_code == 302
 
 
 def test_overview_figures(cluster: None) -> None:
@@ -147,7 +177,7 @@ def test_nodes_page_draws_cards_split_into_slices(cluster: None) -> None:
     assert n1.count('class="cardrow') == 2
     assert 'data-pod="team-a/train-0"' in n1 and 'data-pod="team-b/infer-0"' in n1
     assert "team-a/train-0 · container trainer · 20480 MiB · 50%" in n1
-    assert re.search(r'style="width: 25\.0%" data-pod="team-a/train-0"', n1)  # 20480/81920
+    assert re.search(r'data-width="25\.0" data-pod="team-a/train-0"', n1)  # 20480/81920
     assert "NVIDIA L4" in body
 
 
@@ -236,9 +266,8 @@ def test_unsafe_next_is_ignored(cluster: None) -> None:
 
 
 def test_forms_need_csrf(cluster: None) -> None:
-    person("olga", Role.OPERATOR)
     client = Client(enforce_csrf_checks=True)
-    client.login(username="olga", password=PASSWORD)
+    client.force_login(person("olga", Role.OPERATOR))
     before = state()
     assert client.post("/quotas/", {"namespace": "team-a", "gpus": "1"}).status_code == 403
     assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
@@ -345,6 +374,7 @@ def test_page_query_counts_do_not_grow(cluster: None, monkeypatch: Any) -> None:
             out.append(len(ctx.captured_queries))
         return out
 
+    client.get("/")  # the session's first page stores its CSRF token: not a per-page cost
     small = counts()
     for i in range(6):
         make_node(f"more-{i}", cards=4, memory_mib=10000)

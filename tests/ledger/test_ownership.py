@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from controlplane.extender.snapshots import SnapshotCache
 from controlplane.ledger import allocation, selectors
-from controlplane.ledger.models import Card, Node, PodBinding
+from controlplane.ledger.models import Card, Node, PodBinding, SchedulingDecision
 from controlplane.ledger.services import (
     audit,
     bindings,
@@ -88,6 +88,16 @@ def _stale() -> None:
     Node.objects.filter(name="n2").update(last_heartbeat=timezone.now() - timedelta(days=1))
 
 
+def _card_long_missing() -> None:
+    nodes.apply_inventory("n1", _report(card_report("GPU-n1-0", 0, 10000)), "test")
+    Card.objects.filter(uuid="GPU-n1-1").update(last_seen=timezone.now() - timedelta(days=30))
+
+
+def _old_decision() -> None:
+    decisions.record_decisions([_decision()])
+    SchedulingDecision.objects.update(decided_at=timezone.now() - timedelta(days=30))
+
+
 def _decision() -> decisions.DecisionRecord:
     return decisions.DecisionRecord("uid-x", "default", "x", "unschedulable", "no room", (), {},
                                     {}, 1)  # fmt: skip
@@ -143,6 +153,7 @@ SCENARIOS: dict[str, Scenario] = {
     "nodes.mark_stale_nodes": (_stale, lambda: nodes.mark_stale_nodes("test")),
     "nodes.mark_deleted_nodes": (_nothing, lambda: nodes.mark_deleted_nodes({"n1"}, "test")),
     "nodes.set_card_slots": (_nothing, lambda: nodes.set_card_slots("GPU-n1-1", 3, "test")),
+    "nodes.prune_missing_cards": (_card_long_missing, lambda: nodes.prune_missing_cards("test")),
     "cordons.set_node_cordon": (_nothing, lambda: cordons.set_node_cordon("n2", True, "test")),
     "cordons.set_card_cordon": (
         _nothing,
@@ -160,6 +171,11 @@ SCENARIOS: dict[str, Scenario] = {
     "decisions.record_bind_outcome": (
         _nothing,
         lambda: decisions.record_bind_outcome("uid-x", "default", "x", "bind_failed", "gone"),
+    ),
+    "decisions.prune_decisions": (_old_decision, lambda: decisions.prune_decisions()),
+    "decisions.forget_decisions": (
+        lambda: decisions.record_decisions([_decision()]),
+        lambda: decisions.forget_decisions(["uid-x"], before=timezone.now()),
     ),
     "audit.record_event": (_nothing, lambda: audit.record_event("test", "x", "node", "n1")),
     "audit.record_events": (

@@ -23,12 +23,12 @@ from django.utils import timezone
 
 from controlplane.kube.embedded import EmbeddedKube
 from controlplane.ledger import allocation
-from controlplane.ledger.models import Card, PodBinding, Slice
-from controlplane.ledger.services import bindings
+from controlplane.ledger.models import Card, PodBinding, SchedulingDecision, Slice
+from controlplane.ledger.services import bindings, nodes
 from controlplane.reconciler.models import ReconcileRun
 from controlplane.reconciler.tasks import LOCK_KEY
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import card_report, gpu_container, make_node, pod_json
 from tests.workers import RedisServer, celery_args, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +188,28 @@ def test_worker_and_beat_repair_deletion_expiry_and_adoption(celery_factory) -> 
         wait_for(lambda: phase_of(lost) == "bound", 30, "adoption of a bound pod")
         adopted = PodBinding.objects.get(pod_uid=lost)
         assert list(adopted.slices.values_list("card__uuid", "memory_mib")) == [("GPU-n1-0", 3000)]
+    except AssertionError:
+        print(celery.logs())
+        raise
+
+
+def test_beat_and_a_worker_prune_a_long_missing_card_and_old_decisions(celery_factory) -> None:
+    make_node("n1", cards=2, memory_mib=20000)
+    report = nodes.InventoryReport("test", (card_report("GPU-n1-0", 0, 20000),))
+    nodes.apply_inventory("n1", report, "n1")  # GPU-n1-1 is gone from the node's reports
+    Card.objects.filter(uuid="GPU-n1-1").update(last_seen=timezone.now() - timedelta(days=8))
+    SchedulingDecision.objects.create(
+        pod_uid="uid-old", namespace="default", name="old", outcome="unschedulable",
+        summary="no room", decided_at=timezone.now() - timedelta(days=2),
+    )  # fmt: skip
+
+    celery = celery_factory(TESSERA_PRUNE_PERIOD_S="1")
+    celery.start("worker", "w1")
+    celery.start("beat", "beat")
+    try:
+        wait_for(lambda: not Card.objects.filter(uuid="GPU-n1-1").exists(), 60, "the prune")
+        wait_for(lambda: not SchedulingDecision.objects.exists(), 30, "the decision log pruned")
+        assert Card.objects.filter(uuid="GPU-n1-0").exists()
     except AssertionError:
         print(celery.logs())
         raise

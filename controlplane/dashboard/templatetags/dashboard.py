@@ -117,12 +117,12 @@ def card_bar(card: Any) -> SafeString:
         css = f"seg h{hue(s.namespace)}{' init' if s.init else ''}"
         init = " (init)" if s.init else ""
         memory_segments.append(
-            f'<span class="{css}" style="width: {clamp100(s.memory_share)}%" '
+            f'<span class="{css}" data-width="{clamp100(s.memory_share)}" '
             f'data-pod="{ns}/{pod_name}" title="{ns}/{pod_name} \u00b7 container {container}'
             f'{init} \u00b7 {s.memory_mib} MiB \u00b7 {s.cores}%"></span>'
         )
         compute_segments.append(
-            f'<span class="{css}" style="width: {clamp100(s.cores_share)}%" '
+            f'<span class="{css}" data-width="{clamp100(s.cores_share)}" '
             f'title="{ns}/{pod_name} \u00b7 container {container}{init} \u00b7 {s.cores}% compute">'
             "</span>"
         )

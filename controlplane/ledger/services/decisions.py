@@ -4,19 +4,24 @@ Diagnostics, not allocation state: the extender writes it off the filter's path 
 (`controlplane.extender.decisions`), commits it without waiting for the WAL flush, and may lose
 its last moments to a crash (the next filter writes them again). Nothing that decides an
 allocation is read from it.
+
+Bounded: an entry lives until its pod is bound or gone, or for DECISION_RETENTION_S at most
+(`prune_decisions` from the reconciler's prune task, `forget_decisions` from its passes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from controlplane.ledger import sql
-from controlplane.ledger.models import SchedulingDecision
+from controlplane.ledger.models import PodBinding, SchedulingDecision
 
 Outcome = SchedulingDecision.Outcome
 
@@ -92,3 +97,55 @@ def record_bind_outcome(
     if not updated:
         record = DecisionRecord(pod_uid, namespace, name, outcome, summary, (), {}, {}, 0)
         sql.upsert_decisions([_bounded(record)])
+
+
+# Rows per DELETE statement (and per transaction): short locks, and far under SQLite's limit on
+# the parameters of one statement.
+DELETE_CHUNK = 1000
+
+
+def prune_decisions(*, now: datetime | None = None, limit: int | None = None) -> int:
+    """Delete the decision log's entries that answer nothing any more, oldest first, at most
+    `limit` (PRUNE_BATCH) of them; the number deleted.
+
+    - older than DECISION_RETENTION_S: a pod still pending is filtered again within minutes and
+      its entry rewritten, so an older one belongs to a pod the scheduler stopped asking about;
+    - of pods whose binding is bound, allocated or released: "why pending?" is answered by the
+      binding from then on (a failed bind keeps its entry: the pod will be tried again).
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TESSERA["DECISION_RETENTION_S"])
+    limit = limit or int(settings.TESSERA["PRUNE_BATCH"])
+    settled = PodBinding.objects.filter(
+        pod_uid=OuterRef("pod_uid"),
+        phase__in=(PodBinding.Phase.BOUND, PodBinding.Phase.ALLOCATED, PodBinding.Phase.RELEASED),
+    )
+    ids = list(
+        SchedulingDecision.objects.filter(Q(decided_at__lt=cutoff) | Q(Exists(settled)))
+        .order_by("decided_at", "id")
+        .values_list("id", flat=True)[:limit]
+    )
+    return sum(
+        _delete_decisions(Q(id__in=ids[start : start + DELETE_CHUNK]))
+        for start in range(0, len(ids), DELETE_CHUNK)
+    )
+
+
+def forget_decisions(pod_uids: Collection[str], *, before: datetime) -> int:
+    """Delete the entries of pods the cluster no longer has (a full list without them, or their
+    deletion events), decided before `before`: the time the list was taken, since a pod created
+    after it is rightly absent from it. Without this a pod deleted while pending would count as
+    pending on the dashboard until its entry aged out. At most PRUNE_BATCH; the number deleted.
+    """
+    uids = sorted({uid[:64] for uid in pod_uids})[: int(settings.TESSERA["PRUNE_BATCH"])]
+    return sum(
+        _delete_decisions(Q(pod_uid__in=uids[start : start + DELETE_CHUNK], decided_at__lt=before))
+        for start in range(0, len(uids), DELETE_CHUNK)
+    )
+
+
+@transaction.atomic(durable=True)
+def _delete_decisions(which: Q) -> int:
+    _diagnostic_commit()
+    deleted, _ = SchedulingDecision.objects.filter(which).delete()
+    return deleted

@@ -1,17 +1,20 @@
 """Nodes and their cards: a node plugin's inventory report (also its heartbeat), nodes that went
-silent or left the cluster, and the slots an operator gives a card."""
+silent or left the cluster, the slots an operator gives a card, and cards long gone from their
+node's reports."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from controlplane.ledger.errors import Conflict, NotFound, ServiceError
-from controlplane.ledger.models import Card, Node
+from controlplane.ledger.models import Card, Node, PodBinding, Slice
 from controlplane.ledger.services.audit import record_event
 
 MAX_SLOTS = 64  # slices a card may hold at once: well past what a GPU's memory can be cut into
@@ -40,6 +43,19 @@ class InventoryResult:
     created: bool
     cards_added: tuple[str, ...]
     cards_missing: tuple[str, ...]
+    cards_pruned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedCard:
+    """A card deleted from the ledger, as its audit event records it."""
+
+    uuid: str
+    node: str
+    model: str
+    memory_mib: int
+    last_seen: datetime | None
+    ended_slices: int  # slices of ended pods that were on it, deleted with it
 
 
 @transaction.atomic(durable=True)
@@ -115,6 +131,17 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
         Card.objects.filter(node=node, uuid__in=missing).update(present=False)
         for uuid in missing:
             record_event(actor, "card-missing", "card", uuid, node=node.name)
+    # Beyond the per-node allowance of missing cards, the longest missing go now, not only after
+    # the retention: a plugin that reports new UUIDs every time would otherwise add up to 64
+    # rows per report until the next prune.
+    cap = int(settings.TESSERA["MISSING_CARDS_PER_NODE"])
+    excess = list(
+        _prunable()
+        .filter(node=node)
+        .order_by(F("last_seen").desc(nulls_last=True), "-id")
+        .values_list("id", flat=True)[cap:]
+    )
+    pruned = _delete_cards(node, excess, actor, f"more than {cap} missing cards on the node")
     if created:
         record_event(actor, "node-registered", "node", node.name, cards=len(report.cards))
     elif added:
@@ -124,7 +151,102 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     node.last_heartbeat = now
     node.plugin_version = report.plugin_version
     node.save(update_fields=["ready", "last_heartbeat", "plugin_version"])
-    return InventoryResult(node, created, tuple(added), tuple(missing))
+    return InventoryResult(
+        node, created, tuple(added), tuple(missing), tuple(c.uuid for c in pruned)
+    )
+
+
+def _prunable() -> QuerySet[Card]:
+    """Cards gone from their node's reports that nothing holds: no active slice, and no slice of
+    a binding that still holds its cards (reserved, bound, allocated)."""
+    held = Slice.objects.filter(card=OuterRef("pk")).filter(
+        Q(active=True) | Q(binding__phase__in=PodBinding.ACTIVE_PHASES)
+    )
+    return Card.objects.filter(present=False).exclude(Exists(held))
+
+
+def _delete_cards(node: Node, card_ids: list[int], actor: str, why: str) -> list[PrunedCard]:
+    """Delete these cards of `node` (whose row the caller holds locked), re-checked as prunable
+    under that lock, with the slices of ended pods that were on them; one audit event."""
+    if not card_ids:
+        return []
+    cards = list(
+        _prunable()
+        .select_for_update(of=("self",))
+        .filter(node=node, pk__in=card_ids)
+        .order_by(F("last_seen").asc(nulls_first=True), "id")
+    )
+    if not cards:
+        return []
+    ids = [c.pk for c in cards]
+    ended = dict(
+        Slice.objects.filter(card_id__in=ids)
+        .order_by()
+        .values_list("card_id")
+        .annotate(n=Count("id"))
+        .values_list("card_id", "n")
+    )
+    Slice.objects.filter(card_id__in=ids).delete()
+    Card.objects.filter(pk__in=ids).delete()
+    # The node's stamp: the extender's snapshot cache re-reads it and drops the cards.
+    Node.objects.filter(pk=node.pk).update()
+    pruned = [
+        PrunedCard(c.uuid, node.name, c.model, c.memory_mib, c.last_seen, ended.get(c.pk, 0))
+        for c in cards
+    ]
+    record_event(
+        actor, "cards-pruned", "node", node.name, reason=why,
+        cards=[
+            {"uuid": p.uuid, "model": p.model, "memory_mib": p.memory_mib,
+             "last_seen": p.last_seen.isoformat() if p.last_seen else None,
+             "ended_slices": p.ended_slices}
+            for p in pruned
+        ],
+    )  # fmt: skip
+    return pruned
+
+
+def prune_missing_cards(
+    actor: str, *, now: datetime | None = None, limit: int | None = None
+) -> tuple[PrunedCard, ...]:
+    """Delete cards that have been missing from their node's reports for longer than
+    MISSING_CARD_RETENTION_S and that nothing holds (an active slice keeps a card however long
+    it has been gone). The slices of ended pods that were on them go too: those bindings stay,
+    without that card. At most `limit` (PRUNE_BATCH) cards, longest missing first; one
+    transaction per node, under the node's lock, so a report that brings a card back either
+    comes first (the card stays) or after (it is registered anew). Audited per node.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TESSERA["MISSING_CARD_RETENTION_S"])
+    limit = limit or int(settings.TESSERA["PRUNE_BATCH"])
+    old = _prunable().filter(
+        Q(last_seen__lt=cutoff) | Q(last_seen__isnull=True, created_at__lt=cutoff)
+    )
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for node_id, card_id in old.order_by(F("last_seen").asc(nulls_first=True), "id").values_list(
+        "node_id", "id"
+    )[:limit]:
+        by_node[node_id].append(card_id)
+    pruned: list[PrunedCard] = []
+    for node_id in sorted(by_node):
+        pruned += _prune_cards_of(node_id, by_node[node_id], cutoff, actor)
+    return tuple(pruned)
+
+
+@transaction.atomic(durable=True)
+def _prune_cards_of(
+    node_id: int, card_ids: list[int], cutoff: datetime, actor: str
+) -> list[PrunedCard]:
+    node = Node.objects.select_for_update().filter(pk=node_id).first()
+    if node is None:
+        return []
+    # Still missing since before the cutoff, under the lock: a report may have come meanwhile.
+    still = Card.objects.filter(pk__in=card_ids).filter(
+        Q(last_seen__lt=cutoff) | Q(last_seen__isnull=True, created_at__lt=cutoff)
+    )
+    days = settings.TESSERA["MISSING_CARD_RETENTION_S"] / 86400
+    why = f"missing from the node's reports for more than {days:g} day(s)"
+    return _delete_cards(node, list(still.values_list("id", flat=True)), actor, why)
 
 
 @transaction.atomic(durable=True)

@@ -193,9 +193,10 @@ def test_viewer_cannot_edit_quotas(page: Any, live_server: Any, screenshot_dir: 
     # Even a hand-made POST with a valid CSRF token is refused.
     status = page.evaluate(
         """async () => {
-            const cookie = document.cookie.split('; ').find(c => c.startsWith('csrftoken='));
+            // The page's own token (the sign-out form's): it lives in the session, no cookie.
+            const token = document.querySelector('input[name=csrfmiddlewaretoken]').value;
             const body = new URLSearchParams(
-                {namespace: 'research', gpus: '99', csrfmiddlewaretoken: cookie.split('=')[1]});
+                {namespace: 'research', gpus: '99', csrfmiddlewaretoken: token});
             const r = await fetch('/quotas/', {method: 'POST', body});
             return r.status;
         }"""
