@@ -35,7 +35,7 @@ from controlplane.dashboard.serializers import (
 )
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons, quotas
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
+from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, whole_number
 
 MAX_PAGE_SIZE = 500
 
@@ -57,6 +57,11 @@ class OperatorOnly(BasePermission):
         return has_role(request.user, Role.OPERATOR)
 
 
+def _shown(raw: str, limit: int = 40) -> str:
+    """`raw` quoted for an error message, cut short: a caller's junk is not echoed in full."""
+    return repr(raw if len(raw) <= limit else raw[:limit] + "...")
+
+
 class Pagination(PageNumberPagination):
     """Page-number pagination that refuses a bad `page`/`page_size` instead of guessing."""
 
@@ -68,23 +73,29 @@ class Pagination(PageNumberPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None or raw == "":
             return self.page_size
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        size = whole_number(raw)
+        if size is None or not 1 <= size <= MAX_PAGE_SIZE:
             raise ValidationError(
-                {"page_size": f"{raw!r}: give a whole number from 1 to {MAX_PAGE_SIZE}."}
+                {"page_size": f"{_shown(raw)}: give a whole number from 1 to {MAX_PAGE_SIZE}."}
             )
-        return int(raw)
+        return size
 
     def paginate(self, queryset: QuerySet[Any] | list[Any], request: Request) -> Any:
         """The page's slice of `queryset` (or list), still lazy: the caller picks the columns."""
         size = self.get_page_size(request)
         raw = request.query_params.get(self.page_query_param, "1")
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValidationError({"page": f"{raw!r}: give a page number from 1."})
+        number = whole_number(raw)
+        if number is None or number < 1:
+            raise ValidationError(
+                {"page": f"{_shown(raw)}: give a page number from 1, in digits 0-9."}
+            )
         paginator = Paginator(queryset, size)
         try:
-            self.page = paginator.page(int(raw))
+            self.page = paginator.page(number)
         except EmptyPage:
-            raise NotFound(f"page {raw} is past the last page ({paginator.num_pages}).") from None
+            raise NotFound(
+                f"page {number} is past the last page ({paginator.num_pages})."
+            ) from None
         self.request = request
         return self.page.object_list  # type: ignore[return-value]
 

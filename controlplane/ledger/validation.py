@@ -1,4 +1,4 @@
-"""Name rules shared by the API, the commands and the services (Kubernetes naming)."""
+"""Name and number rules shared by the API, the commands and the services."""
 
 from __future__ import annotations
 
@@ -25,3 +25,20 @@ def is_node_name(value: str) -> bool:
 
 def is_namespace(value: str) -> bool:
     return 0 < len(value) <= 63 and bool(_DNS_LABEL.match(value))
+
+
+# Whole numbers in query strings: 18 digits hold any page a database can have and stay far
+# below int()'s 4,300-digit refusal.
+MAX_NUMBER_DIGITS = 18
+
+
+def whole_number(raw: str, max_digits: int = MAX_NUMBER_DIGITS) -> int | None:
+    """`raw` as a whole number when it is 1 to `max_digits` ASCII digits, else None.
+
+    `str.isdigit()` is no test for `int()`: it is true for '²' and '٣' ('²' then makes `int`
+    raise, '٣' reads as 3), and `int()` itself takes '+1', ' 1', '1_000' and refuses more than
+    4,300 digits.
+    """
+    if 0 < len(raw) <= max_digits and raw.isascii() and raw.isdigit():
+        return int(raw)
+    return None

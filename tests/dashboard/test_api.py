@@ -335,6 +335,47 @@ def test_bad_filters_name_the_field(cluster: None, viewer: APIClient, url: str, 
     assert field in response.json()["fields"]
 
 
+LISTS = [
+    "/api/v1/quotas/",
+    "/api/v1/nodes/",
+    "/api/v1/cards/",
+    "/api/v1/slices/",
+    "/api/v1/bindings/",
+]
+# What int() or str.isdigit() take that a page number is not: superscript and Arabic-Indic
+# digits (isdigit() is true for both; int() refuses '²' and reads '٣' as 3), full-width digits,
+# exponent, sign, spaces, underscores, more digits than int() converts.
+NOT_NUMBERS = ["²", "٣", "\uff11", "1e3", "-1", "+1", " 1", "1 ", "1_0", "0x1", "1.0", ""]
+NOT_NUMBERS.append("9" * 5000)
+
+
+@pytest.mark.parametrize("url", LISTS)
+@pytest.mark.parametrize("param", ["page", "page_size"])
+@pytest.mark.parametrize("raw", NOT_NUMBERS, ids=range(len(NOT_NUMBERS)))
+def test_page_numbers_are_ascii_digits_or_a_400(
+    cluster: None, viewer: APIClient, url: str, param: str, raw: str
+) -> None:
+    response = viewer.get(url, {param: raw})
+    if raw == "" and param == "page_size":  # empty: the default, as with no parameter at all
+        assert response.status_code == 200, response.content
+        return
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert param in body["fields"]
+    assert len(body["error"]) < 200  # the junk is not echoed back in full
+
+
+@pytest.mark.parametrize("url", LISTS)
+def test_a_page_number_past_the_end_is_a_404_however_large(
+    cluster: None, viewer: APIClient, url: str
+) -> None:
+    for page in ["99", "9" * 18]:
+        response = viewer.get(url, {"page": page})
+        assert response.status_code == 404, response.content
+        assert "past the last page" in response.json()["error"]
+    assert viewer.get(url, {"page": "9" * 19}).status_code == 400
+
+
 def test_pagination_shape_and_links(viewer: APIClient) -> None:
     for i in range(7):
         make_node(f"node-{i:02d}", cards=1)
