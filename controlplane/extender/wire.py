@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from controlplane.api.parsers import JSONTooDeep, check_json_depth
 from controlplane.ledger.validation import (
     NAMESPACE_HELP,
     NODE_NAME_HELP,
@@ -39,9 +40,13 @@ class WireError(ValueError):
 
 
 def load_json(body: bytes) -> Any:
-    """Decode the body; WireError for anything that is not UTF-8 JSON."""
+    """Decode the body; WireError for anything that is not UTF-8 JSON or nests too deeply."""
     if not body:
         raise WireError("body", "is empty; send the JSON object kube-scheduler sends")
+    try:
+        check_json_depth(body)
+    except JSONTooDeep as exc:
+        raise WireError("body", str(exc)) from None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
