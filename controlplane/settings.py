@@ -275,6 +275,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.JSONParser"],  # with a depth limit
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
+    "DEFAULT_METADATA_CLASS": "controlplane.api.metadata.Metadata",  # OPTIONS without get_object
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
