@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rest_framework import serializers
 
 from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from controlplane.api.names import CardUUIDField
 from controlplane.ledger.services.nodes import CardReport, InventoryReport
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
-_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 class CardReportSerializer(serializers.Serializer):
-    uuid = StrictCharField(max_length=64)
+    uuid = CardUUIDField()
     index = StrictIntegerField(min_value=0, max_value=MAX_CARDS_PER_NODE - 1)
     model = StrictCharField(max_length=128)
     memory_mib = StrictIntegerField(min_value=1, max_value=MAX_CARD_MEMORY_MIB)
     numa_node = StrictIntegerField(min_value=-1, max_value=1023, allow_null=True, required=False)
     healthy = StrictBooleanField()
     health_reason = StrictCharField(max_length=256, allow_blank=True, required=False, default="")
-
-    def validate_uuid(self, value: str) -> str:
-        if not _UUID.match(value):
-            raise serializers.ValidationError(
-                "Must be the NVML UUID (e.g. GPU-8f3c...): letters, digits and '-_.:' only."
-            )
-        return value
 
 
 class InventoryReportSerializer(serializers.Serializer):

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
+from controlplane.api.names import check_path
 from controlplane.api.serializers import InventoryReportSerializer
 from controlplane.ledger.services import nodes
-from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 
 class IsNodeOrAdmin(BasePermission):
@@ -34,8 +34,7 @@ class NodeInventoryView(APIView):
     permission_classes = [IsNodeOrAdmin]
 
     def put(self, request: Request, name: str) -> Response:
-        if not is_node_name(name):
-            raise ValidationError({"name": f"{name!r} is not a valid node name: {NODE_NAME_HELP}"})
+        check_path(name=("node", name))
         if has_role(request.user, Role.NODE) and request.user.get_username() != name:
             raise PermissionDenied(
                 f"this token belongs to node {request.user.get_username()!r}; it may report only "

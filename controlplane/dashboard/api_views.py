@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.access.roles import Role, has_role
+from controlplane.api.names import check_path
 from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
@@ -35,7 +36,7 @@ from controlplane.dashboard.serializers import (
 )
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons, quotas
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, whole_number
+from controlplane.ledger.validation import whole_number
 
 MAX_PAGE_SIZE = 500
 
@@ -162,10 +163,7 @@ def _quota_response(namespace: str, code: int = status.HTTP_200_OK) -> Response:
 
 
 def _check_url_namespace(namespace: str) -> None:
-    if not is_namespace(namespace):
-        raise ValidationError(
-            {"namespace": f"{namespace!r} is not a valid namespace name: {NAMESPACE_HELP}"}
-        )
+    check_path(namespace=("namespace", namespace))
 
 
 class QuotaListView(GenericAPIView):
@@ -291,6 +289,7 @@ class NodeDetailView(GenericAPIView):
 
     @extend_schema(summary="One node with cards", responses=NodeSerializer)
     def get(self, request: Request, name: str) -> Response:
+        check_path(name=("node", name))
         node = selectors.node_detail(name)
         if node is None:
             raise NotFound(f"node {name!r} is not registered with Tessera.")
@@ -335,6 +334,7 @@ class CardDetailView(GenericAPIView):
 
     @extend_schema(summary="One card with its active slices", responses=CardDetailSerializer)
     def get(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
         detail = selectors.card_detail(uuid)
         if detail is None:
             raise NotFound(f"card {uuid!r} is not registered with Tessera.")
@@ -358,6 +358,7 @@ class NodeCordonView(_CordonView):
 
     @extend_schema(summary="Cordon or uncordon a node (operator)", responses=NodeSerializer)
     def post(self, request: Request, name: str) -> Response:
+        check_path(name=("node", name))
         reason = self._reason(request)
         cordons.set_node_cordon(name, self.cordon, request.user.get_username(), reason)
         node = selectors.node_detail(name)
@@ -369,6 +370,7 @@ class CardCordonView(_CordonView):
 
     @extend_schema(summary="Cordon or uncordon a card (operator)", responses=CardSerializer)
     def post(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
         reason = self._reason(request)
         cordons.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
         detail = selectors.card_detail(uuid)

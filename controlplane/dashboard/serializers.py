@@ -12,8 +12,8 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.api.fields import StrictCharField, StrictIntegerField
+from controlplane.api.names import NamespaceField
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
 
@@ -58,20 +58,13 @@ class UsageSerializer(serializers.Serializer):
 class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
     """A namespace quota: limits (null = unlimited) and, read-only, what the namespace holds."""
 
-    namespace = StrictCharField(max_length=63, help_text="Kubernetes namespace name (DNS label).")
+    namespace = NamespaceField(help_text="Kubernetes namespace name (DNS label).")
     gpumem_mib = _limit("gpumem_mib", "Total GPU memory in MiB over all slices.")
     gpucores = _limit("gpucores", "Sum of compute percents over all slices.")
     gpus = _limit("gpus", "Number of slices.")
     usage = UsageSerializer(read_only=True)
     updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
     updated_by = serializers.CharField(read_only=True)
-
-    def validate_namespace(self, value: str) -> str:
-        if not is_namespace(value):
-            raise serializers.ValidationError(
-                f"{value!r} is not a valid namespace name: {NAMESPACE_HELP}"
-            )
-        return value
 
     def limits(self, base: QuotaLimitsInput | None = None) -> QuotaLimitsInput:
         """The validated limits; with `base` (PATCH), fields not sent keep base's values."""
@@ -89,7 +82,7 @@ class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
 class QuotaLimitsSerializer(QuotaSerializer):
     """PUT/PATCH body: the namespace comes from the URL (it may be repeated if it matches)."""
 
-    namespace = StrictCharField(max_length=63, required=False)
+    namespace = NamespaceField(required=False, help_text="The URL's namespace, if repeated.")
 
 
 class CordonSerializer(StrictFieldsMixin, serializers.Serializer):

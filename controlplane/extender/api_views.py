@@ -16,16 +16,13 @@ from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictCharField
+from controlplane.api.names import check_path
 from controlplane.ledger import selectors, why
 from controlplane.ledger.services import bindings
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, is_node_name
 
 
 def _check_pod_name(namespace: str, name: str) -> None:
-    if not is_namespace(namespace):
-        raise ValidationError({"namespace": f"{namespace!r} is not a namespace: {NAMESPACE_HELP}"})
-    if not is_node_name(name):
-        raise ValidationError({"name": f"{name!r} is not a pod name (a DNS subdomain)"})
+    check_path(namespace=("namespace", namespace), name=("pod", name))
 
 
 class WhyView(APIView):
@@ -112,6 +109,7 @@ class AllocatedView(APIView):
     def post(self, request: Request, pod_uid: str, container: str) -> Response:
         if len(pod_uid) > 64:
             raise ValidationError({"pod_uid": "at most 64 characters"})
+        check_path(container=("container", container))
         serializer = AllocatedSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         binding = bindings.mark_allocated(

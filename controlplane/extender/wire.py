@@ -22,8 +22,10 @@ from controlplane.api.parsers import JSONTooDeep, check_json_depth
 from controlplane.ledger.validation import (
     NAMESPACE_HELP,
     NODE_NAME_HELP,
+    POD_NAME_HELP,
     is_namespace,
     is_node_name,
+    is_pod_name,
 )
 
 MAX_NAME = 253
@@ -151,8 +153,8 @@ def parse_binding_args(raw: Any) -> BindingArgs:
         raise WireError("PodNamespace", f"{namespace!r} is not a namespace: {NAMESPACE_HELP}")
     if not is_node_name(node):
         raise WireError("Node", f"{node!r} is not a node name: {NODE_NAME_HELP}")
-    if not is_node_name(name):
-        raise WireError("PodName", f"{name!r} is not a pod name (a DNS subdomain)")
+    if not is_pod_name(name):
+        raise WireError("PodName", f"{name!r} is not a pod name: {POD_NAME_HELP}")
     return BindingArgs(name, namespace, uid, node)
 
 
