@@ -347,8 +347,9 @@ class _CordonView(GenericAPIView):
     cordon: bool = True
 
     def _reason(self, request: Request) -> str:
-        data = request.data if request.data else {}
-        serializer = CordonSerializer(data=data)
+        # No body reads as {} (DRF's empty data); a body is the object or a 400, never coalesced:
+        # `null`, `[]`, `0.0` and `false` are not "no reason" but a caller's mistake.
+        serializer = CordonSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         return str(serializer.validated_data.get("reason", ""))
 

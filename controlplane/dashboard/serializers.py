@@ -7,9 +7,11 @@ no fields the endpoint does not know (a typo such as `gpu_mem` must not silently
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from controlplane.api.fields import StrictCharField, StrictIntegerField
 from controlplane.api.names import NamespaceField
@@ -18,8 +20,31 @@ from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
 
 
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
 class StrictFieldsMixin:
-    """Refuse fields the serializer does not declare, naming each."""
+    """Take a JSON object only, and refuse fields the serializer does not declare, naming each."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is not serializers.empty and not isinstance(data, Mapping):
+            raise serializers.ValidationError(
+                {
+                    api_settings.NON_FIELD_ERRORS_KEY: [
+                        f"Must be a JSON object, not {_json_kind(data)}."
+                    ]
+                }
+            )
+        return super().run_validation(data)  # type: ignore[misc]
 
     def validate_unknown(self, data: Any) -> None:
         if not isinstance(data, dict):

@@ -481,3 +481,36 @@ def test_schema_lists_the_operations_api(viewer: APIClient) -> None:
     for path in ["/api/v1/quotas/", "/api/v1/quotas/{namespace}/", "/api/v1/bindings/"]:
         assert path in (paths or text)
     assert "bearerToken" in text
+
+
+CORDONS = [
+    "/api/v1/nodes/n1/cordon",
+    "/api/v1/nodes/n1/uncordon",
+    "/api/v1/cards/GPU-n1-0/cordon",
+    "/api/v1/cards/GPU-n1-0/uncordon",
+]
+
+
+@pytest.mark.parametrize("url", CORDONS)
+@pytest.mark.parametrize(
+    "body", ["null", "[]", "0.0", "0", "false", "true", '""', '"maintenance"', '["reason"]']
+)
+def test_a_cordon_body_is_an_object_or_nothing(
+    cluster: None, operator: APIClient, url: str, body: str
+) -> None:
+    before = ledger_snapshot()
+    response = send(operator, "post", url, body, raw=True)
+    assert response.status_code == 400, response.content
+    payload = response.json()
+    assert "JSON object" in payload["fields"]["body"]
+    assert ledger_snapshot() == before
+
+
+@pytest.mark.parametrize("url", CORDONS)
+@pytest.mark.parametrize("body", [None, "{}", '{"reason": "disk swap"}'])
+def test_no_body_or_the_documented_object_cordons(
+    cluster: None, operator: APIClient, url: str, body: str | None
+) -> None:
+    response = send(operator, "post", url, body, raw=True)
+    assert response.status_code == 200, response.content
+    assert response.json()["cordoned"] is url.endswith("/cordon")
