@@ -6,7 +6,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from controlplane.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 from controlplane.api.names import CardUUIDField
 from controlplane.ledger.services.nodes import CardReport, InventoryReport
 
@@ -14,7 +19,7 @@ MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
 
 
-class CardReportSerializer(serializers.Serializer):
+class CardReportSerializer(StrictSerializer):
     uuid = CardUUIDField()
     index = StrictIntegerField(min_value=0, max_value=MAX_CARDS_PER_NODE - 1)
     model = StrictCharField(max_length=128)
@@ -24,7 +29,7 @@ class CardReportSerializer(serializers.Serializer):
     health_reason = StrictCharField(max_length=256, allow_blank=True, required=False, default="")
 
 
-class InventoryReportSerializer(serializers.Serializer):
+class InventoryReportSerializer(StrictSerializer):
     plugin_version = StrictCharField(max_length=64, allow_blank=True)
     cards = CardReportSerializer(many=True, max_length=MAX_CARDS_PER_NODE, allow_empty=True)
 

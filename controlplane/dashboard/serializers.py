@@ -1,66 +1,19 @@
 """Serializers of the operations API: validate and translate, nothing else.
 
-Input is strict: JSON integers for limits (not "12", 1.5 or true), a valid namespace name, and
-no fields the endpoint does not know (a typo such as `gpu_mem` must not silently mean
-"unlimited").
+Input is strict: a JSON object, JSON integers for limits (not "12", 1.5 or true), a valid
+namespace name, and no fields the endpoint does not know or computes itself
+(`controlplane.api.fields.StrictSerializer`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from rest_framework import serializers
-from rest_framework.settings import api_settings
 
-from controlplane.api.fields import StrictCharField, StrictIntegerField
+from controlplane.api.fields import StrictCharField, StrictIntegerField, StrictSerializer
 from controlplane.api.names import NamespaceField
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else type(value).__name__
-
-
-class StrictFieldsMixin:
-    """Take a JSON object only, and refuse fields the serializer does not declare, naming each."""
-
-    def run_validation(self, data: Any = serializers.empty) -> Any:
-        if data is not serializers.empty and not isinstance(data, Mapping):
-            raise serializers.ValidationError(
-                {
-                    api_settings.NON_FIELD_ERRORS_KEY: [
-                        f"Must be a JSON object, not {_json_kind(data)}."
-                    ]
-                }
-            )
-        return super().run_validation(data)  # type: ignore[misc]
-
-    def validate_unknown(self, data: Any) -> None:
-        if not isinstance(data, dict):
-            return
-        known = set(self.fields)  # type: ignore[attr-defined]
-        unknown = {
-            key: f"Unknown field; expected only {', '.join(sorted(known))}."
-            for key in data
-            if key not in known
-        }
-        if unknown:
-            raise serializers.ValidationError(unknown)
-
-    def to_internal_value(self, data: Any) -> Any:
-        self.validate_unknown(data)
-        return super().to_internal_value(data)  # type: ignore[misc]
 
 
 def _limit(name: str, help_text: str) -> StrictIntegerField:
@@ -80,7 +33,7 @@ class UsageSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
 
 
-class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
+class QuotaSerializer(StrictSerializer):
     """A namespace quota: limits (null = unlimited) and, read-only, what the namespace holds."""
 
     namespace = NamespaceField(help_text="Kubernetes namespace name (DNS label).")
@@ -110,7 +63,7 @@ class QuotaLimitsSerializer(QuotaSerializer):
     namespace = NamespaceField(required=False, help_text="The URL's namespace, if repeated.")
 
 
-class CordonSerializer(StrictFieldsMixin, serializers.Serializer):
+class CordonSerializer(StrictSerializer):
     reason = StrictCharField(
         max_length=500, required=False, allow_blank=True, default="", help_text="For the audit log."
     )

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
-from controlplane.api.fields import StrictCharField
+from controlplane.api.fields import StrictCharField, StrictSerializer
 from controlplane.api.names import check_path
 from controlplane.ledger import selectors, why
 from controlplane.ledger.services import bindings
@@ -95,7 +95,7 @@ class AllocationView(APIView):
         return Response(selectors.allocation_of(binding))
 
 
-class AllocatedSerializer(serializers.Serializer):
+class AllocatedSerializer(StrictSerializer):
     devices = serializers.ListField(
         child=StrictCharField(max_length=64), min_length=1, max_length=64
     )

@@ -214,6 +214,13 @@ BAD_QUOTAS: list[tuple[str, str, str, Any, str]] = [
     ("put-negative", "put", "/api/v1/quotas/keep/", {"gpus": -1}, "gpus"),
     ("patch-string", "patch", "/api/v1/quotas/keep/", {"gpucores": "50"}, "gpucores"),
     ("patch-unknown", "patch", "/api/v1/quotas/keep/", {"limit": 5}, "limit"),
+    # Read-only fields of the answer are the server's: sent back, they are refused, not dropped.
+    ("post-usage", "post", QUOTAS, {"namespace": "ok", "usage": {"gpus": 5}}, "usage"),
+    ("post-updated-by", "post", QUOTAS, {"namespace": "ok", "updated_by": "eve"}, "updated_by"),
+    ("put-usage", "put", "/api/v1/quotas/keep/", {"gpus": 1, "usage": None}, "usage"),
+    ("patch-updated-at", "patch", "/api/v1/quotas/keep/", {"updated_at": None}, "updated_at"),
+    ("null-body", "post", QUOTAS, "null", "body"),
+    ("put-list-body", "put", "/api/v1/quotas/keep/", "[]", "body"),
 ]
 
 
