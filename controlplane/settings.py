@@ -276,7 +276,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.JSONParser"],  # with a depth limit
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
     "DEFAULT_METADATA_CLASS": "controlplane.api.metadata.Metadata",  # OPTIONS without get_object
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.AutoSchema",  # with the error answers
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 
 from controlplane.api.fields import StrictCharField
@@ -59,6 +60,11 @@ class _NameField(StrictCharField):
         return value
 
 
+def _schema(pattern: str, max_length: int) -> dict[str, Any]:
+    return {"type": "string", "pattern": pattern, "minLength": 1, "maxLength": max_length}
+
+
+@extend_schema_field(_schema(v.NAMESPACE_PATTERN, v.MAX_LABEL))
 class NamespaceField(_NameField):
     """A Kubernetes namespace (DNS label)."""
 
@@ -66,6 +72,7 @@ class NamespaceField(_NameField):
     max_chars = v.MAX_LABEL
 
 
+@extend_schema_field(_schema(v.CARD_UUID_PATTERN, v.MAX_CARD_UUID))
 class CardUUIDField(_NameField):
     """A card's NVML UUID."""
 

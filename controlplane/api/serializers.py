@@ -65,3 +65,16 @@ class InventoryReportSerializer(StrictSerializer):
                 for c in data["cards"]
             ),
         )
+
+
+class InventoryResultSerializer(serializers.Serializer):
+    """The answer to an inventory report (documentation of the answer; never read)."""
+
+    node = serializers.CharField()
+    created = serializers.BooleanField(help_text="This report registered the node.")
+    cards = serializers.IntegerField(help_text="Cards in the report.")
+    cards_added = serializers.ListField(child=serializers.CharField())
+    cards_missing = serializers.ListField(
+        child=serializers.CharField(), help_text="Registered cards this report left out."
+    )
+    last_heartbeat = serializers.DateTimeField()

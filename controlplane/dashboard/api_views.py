@@ -23,6 +23,7 @@ from rest_framework.response import Response
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.names import check_path
+from controlplane.api.schema import conflict
 from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
@@ -36,7 +37,7 @@ from controlplane.dashboard.serializers import (
 )
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons, quotas
-from controlplane.ledger.validation import whole_number
+from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
 
@@ -124,14 +125,24 @@ def _bool_param(name: str, text: str) -> OpenApiParameter:
     return OpenApiParameter(name, OpenApiTypes.BOOL, description=text)
 
 
-def _str_param(name: str, text: str, enum: list[str] | None = None) -> OpenApiParameter:
-    return OpenApiParameter(name, OpenApiTypes.STR, description=text, enum=enum)
+def _str_param(
+    name: str, text: str, enum: list[str] | None = None, max_length: int = 253
+) -> OpenApiParameter:
+    schema = {"type": "string", "maxLength": max_length}
+    return OpenApiParameter(name, schema, description=text, enum=enum)
 
 
+MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1
 PAGE_PARAMS = [
-    OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1."),
     OpenApiParameter(
-        "page_size", OpenApiTypes.INT, description=f"Rows per page, 1 to {MAX_PAGE_SIZE} (50)."
+        "page",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+        description="Page number, from 1, in digits 0-9 (a page past the last is a 404).",
+    ),
+    OpenApiParameter(
+        "page_size",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE, "default": selectors.PAGE_SIZE},
+        description=f"Rows per page, 1 to {MAX_PAGE_SIZE}.",
     ),
 ]
 
@@ -185,7 +196,15 @@ class QuotaListView(GenericAPIView):
         body = QuotaSerializer([_quota_body(r) for r in page], many=True)
         return paginator.get_paginated_response(body.data)
 
-    @extend_schema(summary="Create a namespace quota (operator)", responses={201: QuotaSerializer})
+    @extend_schema(
+        summary="Create a namespace quota (operator)",
+        responses={
+            201: QuotaSerializer,
+            409: conflict(
+                "The namespace has a quota already; PUT /quotas/<namespace>/ replaces it."
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         serializer = QuotaSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -309,7 +328,7 @@ class CardListView(GenericAPIView):
             _bool_param("healthy", "Health reported by the node plugin."),
             _bool_param("cordoned", "Operator cordon flag."),
             _bool_param("present", "In the node's latest inventory report."),
-            _str_param("model", "Model contains this (case-insensitive)."),
+            _str_param("model", "Model contains this (case-insensitive).", max_length=128),
             *PAGE_PARAMS,
         ],
         responses=CardSerializer(many=True),
@@ -392,8 +411,8 @@ class SliceListView(GenericAPIView):
         summary="List slices",
         parameters=[
             _str_param("node", "Exact node name."),
-            _str_param("card", "Card UUID."),
-            _str_param("namespace", "Pod namespace."),
+            _str_param("card", "Card UUID.", max_length=64),
+            _str_param("namespace", "Pod namespace.", max_length=63),
             _str_param("pod", "Pod name."),
             _bool_param("active", "true (default): held now; false: released; any: both."),
             *PAGE_PARAMS,
@@ -427,15 +446,16 @@ class BindingListView(GenericAPIView):
     @extend_schema(
         summary="List pod bindings",
         parameters=[
-            _str_param("namespace", "Pod namespace."),
+            _str_param("namespace", "Pod namespace.", max_length=63),
             _str_param("name", "Pod name contains this."),
             _str_param("node", "Exact node name."),
-            _str_param("card", "Card UUID the pod holds or held."),
-            _str_param("phase", "Binding phase.", list(PodBinding.Phase.values)),
+            _str_param("card", "Card UUID the pod holds or held.", max_length=64),
+            _str_param("phase", "Binding phase.", list(PodBinding.Phase.values), max_length=16),
             _str_param(
                 "sort",
                 "Order; '-' for descending (default -created).",
                 [s for k in selectors.BINDING_SORTS for s in (k, f"-{k}")],
+                max_length=16,
             ),
             *PAGE_PARAMS,
         ],
