@@ -28,7 +28,7 @@ MAX_JSON_DEPTH = 64
 
 TOO_DEEP = (
     f"JSON nested deeper than {MAX_JSON_DEPTH} levels (each object or array inside another is a "
-    "level); no Tessera request needs that many"
+    "level); no Tessera request needs that many."
 )
 
 _NOT_MARKS = bytes(range(256)).translate(None, b'"[]{}')
