@@ -40,6 +40,7 @@ from controlplane.ledger.services import cordons, quotas
 from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
+MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1  # the most digits a page number may have
 
 
 class ReadViewerWriteOperator(BasePermission):
@@ -59,9 +60,13 @@ class OperatorOnly(BasePermission):
         return has_role(request.user, Role.OPERATOR)
 
 
-def _shown(raw: str, limit: int = 40) -> str:
-    """`raw` quoted for an error message, cut short: a caller's junk is not echoed in full."""
-    return repr(raw if len(raw) <= limit else raw[:limit] + "...")
+def _cut(raw: str, limit: int = 40) -> str:
+    """`raw` cut short for an error message: a caller's junk is not echoed in full."""
+    return raw if len(raw) <= limit else raw[:limit] + "..."
+
+
+def _shown(raw: str) -> str:
+    return repr(_cut(raw))
 
 
 class Pagination(PageNumberPagination):
@@ -87,6 +92,8 @@ class Pagination(PageNumberPagination):
         size = self.get_page_size(request)
         raw = request.query_params.get(self.page_query_param, "1")
         number = whole_number(raw)
+        if number is None and raw.isascii() and raw.isdigit():
+            number = MAX_PAGE + 1  # more digits than any page count: past the end, as DRF says
         if number is None or number < 1:
             raise ValidationError(
                 {"page": f"{_shown(raw)}: give a page number from 1, in digits 0-9."}
@@ -96,7 +103,7 @@ class Pagination(PageNumberPagination):
             self.page = paginator.page(number)
         except EmptyPage:
             raise NotFound(
-                f"page {number} is past the last page ({paginator.num_pages})."
+                f"page {_cut(raw)} is past the last page ({paginator.num_pages})."
             ) from None
         self.request = request
         return self.page.object_list  # type: ignore[return-value]
@@ -132,7 +139,6 @@ def _str_param(
     return OpenApiParameter(name, schema, description=text, enum=enum)
 
 
-MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1
 PAGE_PARAMS = [
     OpenApiParameter(
         "page",
