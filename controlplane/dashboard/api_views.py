@@ -40,7 +40,7 @@ from controlplane.ledger.services import cordons, quotas
 from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
-MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1  # the most digits a page number may have
+MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1  # the largest page read as a number; longer is past the end
 
 
 class ReadViewerWriteOperator(BasePermission):
