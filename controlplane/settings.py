@@ -365,9 +365,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.access.permissions.IsViewer"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.JSONParser"],  # with a depth limit
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_METADATA_CLASS": "controlplane.api.metadata.Metadata",  # OPTIONS without get_object
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.AutoSchema",  # with the error answers
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

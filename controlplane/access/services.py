@@ -4,15 +4,41 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from controlplane.access.models import ApiToken, digest, new_token
 from controlplane.access.roles import Role, ensure_groups
+from controlplane.ledger.errors import ServiceError
+from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
+
+MAX_USERNAME = 150
+
+
+def check_username(username: object, role: Role) -> None:
+    """ServiceError unless `username` may hold `role`: Django's username rule (whole string),
+    and for a node identity the Kubernetes node name it reports inventory as."""
+    try:
+        if not isinstance(username, str) or len(username) > MAX_USERNAME:
+            raise ValidationError("too long")
+        UnicodeUsernameValidator()(username)
+    except ValidationError:
+        raise ServiceError(
+            f"username: {username!r}: give 1 to {MAX_USERNAME} letters, digits and @.+-_",
+            field="username",
+        ) from None
+    if role is Role.NODE and not is_node_name(username):
+        raise ServiceError(
+            f"username: {username!r} for the node role: {NODE_NAME_HELP}", field="username"
+        )
 
 
 @transaction.atomic
 def grant_role(username: str, role: Role) -> AbstractUser:
-    """Create the user if needed and make `role` its one Tessera role."""
+    """Create the user if needed and make `role` its one Tessera role (ServiceError for a
+    username the role may not have, see check_username)."""
+    check_username(username, role)
     user_model = get_user_model()
     user, created = user_model.objects.get_or_create(username=username)
     if created:

@@ -1,14 +1,18 @@
-"""Strict JSON fields: a machine interface takes the types it documents, not look-alikes.
+"""Strict JSON: a machine interface takes the shapes and types it documents, not look-alikes.
 
-DRF's stock fields accept "12" for an integer and "yes" for a boolean; a report that sends those
-is wrong, and saying so early beats storing a guess.
+DRF's stock fields accept "12" for an integer and "yes" for a boolean, and its serializers drop
+keys they do not know and read-only fields without a word; a body that sends those is wrong, and
+saying so early beats storing a guess. `StrictSerializer` is the base of every serializer that
+reads a request body.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -36,3 +40,41 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)  # type: ignore[no-any-return]
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
+class StrictSerializer(serializers.Serializer):
+    """A request body's serializer: a JSON object whose every key is a field the caller may
+    send. Unknown keys (a typo such as `gpu_mem` must not silently mean "unlimited") and
+    read-only fields (`usage` is the server's to compute) are refused with a 400 naming each."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is not serializers.empty and not isinstance(data, Mapping):
+            message = f"Must be a JSON object, not {_json_kind(data)}."
+            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [message]})
+        return super().run_validation(data)
+
+    def to_internal_value(self, data: Any) -> Any:
+        writable = sorted(name for name, field in self.fields.items() if not field.read_only)
+        refused = {}
+        for key in data:
+            if key in writable:
+                continue
+            if key in self.fields:
+                refused[str(key)] = "Read-only: the server fills it in; leave it out."
+            else:
+                refused[str(key)] = f"Unknown field; expected only {', '.join(writable)}."
+        if refused:
+            raise serializers.ValidationError(refused)
+        return super().to_internal_value(data)

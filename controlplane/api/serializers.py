@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from controlplane.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
+from controlplane.api.names import CardUUIDField
 from controlplane.ledger.services.nodes import CardReport, InventoryReport
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
-_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
-class CardReportSerializer(serializers.Serializer):
-    uuid = StrictCharField(max_length=64)
+class CardReportSerializer(StrictSerializer):
+    uuid = CardUUIDField()
     index = StrictIntegerField(min_value=0, max_value=MAX_CARDS_PER_NODE - 1)
     model = StrictCharField(max_length=128)
     memory_mib = StrictIntegerField(min_value=1, max_value=MAX_CARD_MEMORY_MIB)
@@ -24,15 +28,8 @@ class CardReportSerializer(serializers.Serializer):
     healthy = StrictBooleanField()
     health_reason = StrictCharField(max_length=256, allow_blank=True, required=False, default="")
 
-    def validate_uuid(self, value: str) -> str:
-        if not _UUID.match(value):
-            raise serializers.ValidationError(
-                "Must be the NVML UUID (e.g. GPU-8f3c...): letters, digits and '-_.:' only."
-            )
-        return value
 
-
-class InventoryReportSerializer(serializers.Serializer):
+class InventoryReportSerializer(StrictSerializer):
     plugin_version = StrictCharField(max_length=64, allow_blank=True)
     cards = CardReportSerializer(
         many=True,
@@ -77,3 +74,16 @@ class InventoryReportSerializer(serializers.Serializer):
                 for c in data["cards"]
             ),
         )
+
+
+class InventoryResultSerializer(serializers.Serializer):
+    """The answer to an inventory report (documentation of the answer; never read)."""
+
+    node = serializers.CharField()
+    created = serializers.BooleanField(help_text="This report registered the node.")
+    cards = serializers.IntegerField(help_text="Cards in the report.")
+    cards_added = serializers.ListField(child=serializers.CharField())
+    cards_missing = serializers.ListField(
+        child=serializers.CharField(), help_text="Registered cards this report left out."
+    )
+    last_heartbeat = serializers.DateTimeField()

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
-from controlplane.api.serializers import InventoryReportSerializer
+from controlplane.api.names import check_path
+from controlplane.api.schema import conflict
+from controlplane.api.serializers import InventoryReportSerializer, InventoryResultSerializer
 from controlplane.ledger.services import nodes
-from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 
 class IsNodeOrAdmin(BasePermission):
@@ -33,9 +35,18 @@ class NodeInventoryView(APIView):
 
     permission_classes = [IsNodeOrAdmin]
 
+    @extend_schema(
+        summary="A node plugin's inventory report and heartbeat (node identity of that node, or "
+        "admin)",
+        request=InventoryReportSerializer,
+        responses={
+            200: InventoryResultSerializer,
+            201: InventoryResultSerializer,
+            409: conflict("A reported card is registered to another node."),
+        },
+    )
     def put(self, request: Request, name: str) -> Response:
-        if not is_node_name(name):
-            raise ValidationError({"name": f"{name!r} is not a valid node name: {NODE_NAME_HELP}"})
+        check_path(name=("node", name))
         if has_role(request.user, Role.NODE) and request.user.get_username() != name:
             raise PermissionDenied(
                 f"this token belongs to node {request.user.get_username()!r}; it may report only "

@@ -22,6 +22,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.access.roles import Role, has_role
+from controlplane.api.names import check_path
+from controlplane.api.schema import conflict
 from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
@@ -35,9 +37,10 @@ from controlplane.dashboard.serializers import (
 )
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons, quotas
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
+from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
+MAX_PAGE = 10**MAX_NUMBER_DIGITS - 1  # the largest page read as a number; longer is past the end
 
 
 class ReadViewerWriteOperator(BasePermission):
@@ -57,6 +60,15 @@ class OperatorOnly(BasePermission):
         return has_role(request.user, Role.OPERATOR)
 
 
+def _cut(raw: str, limit: int = 40) -> str:
+    """`raw` cut short for an error message: a caller's junk is not echoed in full."""
+    return raw if len(raw) <= limit else raw[:limit] + "..."
+
+
+def _shown(raw: str) -> str:
+    return repr(_cut(raw))
+
+
 class Pagination(PageNumberPagination):
     """Page-number pagination that refuses a bad `page`/`page_size` instead of guessing."""
 
@@ -68,23 +80,31 @@ class Pagination(PageNumberPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None or raw == "":
             return self.page_size
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        size = whole_number(raw)
+        if size is None or not 1 <= size <= MAX_PAGE_SIZE:
             raise ValidationError(
-                {"page_size": f"{raw!r}: give a whole number from 1 to {MAX_PAGE_SIZE}."}
+                {"page_size": f"{_shown(raw)}: give a whole number from 1 to {MAX_PAGE_SIZE}."}
             )
-        return int(raw)
+        return size
 
     def paginate(self, queryset: QuerySet[Any] | list[Any], request: Request) -> Any:
         """The page's slice of `queryset` (or list), still lazy: the caller picks the columns."""
         size = self.get_page_size(request)
         raw = request.query_params.get(self.page_query_param, "1")
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValidationError({"page": f"{raw!r}: give a page number from 1."})
+        number = whole_number(raw)
+        if number is None and raw.isascii() and raw.isdigit():
+            number = MAX_PAGE + 1  # more digits than any page count: past the end, as DRF says
+        if number is None or number < 1:
+            raise ValidationError(
+                {"page": f"{_shown(raw)}: give a page number from 1, in digits 0-9."}
+            )
         paginator = Paginator(queryset, size)
         try:
-            self.page = paginator.page(int(raw))
+            self.page = paginator.page(number)
         except EmptyPage:
-            raise NotFound(f"page {raw} is past the last page ({paginator.num_pages}).") from None
+            raise NotFound(
+                f"page {_cut(raw)} is past the last page ({paginator.num_pages})."
+            ) from None
         self.request = request
         return self.page.object_list  # type: ignore[return-value]
 
@@ -112,14 +132,23 @@ def _bool_param(name: str, text: str) -> OpenApiParameter:
     return OpenApiParameter(name, OpenApiTypes.BOOL, description=text)
 
 
-def _str_param(name: str, text: str, enum: list[str] | None = None) -> OpenApiParameter:
-    return OpenApiParameter(name, OpenApiTypes.STR, description=text, enum=enum)
+def _str_param(
+    name: str, text: str, enum: list[str] | None = None, max_length: int = 253
+) -> OpenApiParameter:
+    schema = {"type": "string", "maxLength": max_length}
+    return OpenApiParameter(name, schema, description=text, enum=enum)
 
 
 PAGE_PARAMS = [
-    OpenApiParameter("page", OpenApiTypes.INT, description="Page number, from 1."),
     OpenApiParameter(
-        "page_size", OpenApiTypes.INT, description=f"Rows per page, 1 to {MAX_PAGE_SIZE} (50)."
+        "page",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+        description="Page number, from 1, in digits 0-9 (a page past the last is a 404).",
+    ),
+    OpenApiParameter(
+        "page_size",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE, "default": selectors.PAGE_SIZE},
+        description=f"Rows per page, 1 to {MAX_PAGE_SIZE}.",
     ),
 ]
 
@@ -151,10 +180,7 @@ def _quota_response(namespace: str, code: int = status.HTTP_200_OK) -> Response:
 
 
 def _check_url_namespace(namespace: str) -> None:
-    if not is_namespace(namespace):
-        raise ValidationError(
-            {"namespace": f"{namespace!r} is not a valid namespace name: {NAMESPACE_HELP}"}
-        )
+    check_path(namespace=("namespace", namespace))
 
 
 class QuotaListView(GenericAPIView):
@@ -176,7 +202,15 @@ class QuotaListView(GenericAPIView):
         body = QuotaSerializer([_quota_body(r) for r in page], many=True)
         return paginator.get_paginated_response(body.data)
 
-    @extend_schema(summary="Create a namespace quota (operator)", responses={201: QuotaSerializer})
+    @extend_schema(
+        summary="Create a namespace quota (operator)",
+        responses={
+            201: QuotaSerializer,
+            409: conflict(
+                "The namespace has a quota already; PUT /quotas/<namespace>/ replaces it."
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         serializer = QuotaSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -280,6 +314,7 @@ class NodeDetailView(GenericAPIView):
 
     @extend_schema(summary="One node with cards", responses=NodeSerializer)
     def get(self, request: Request, name: str) -> Response:
+        check_path(name=("node", name))
         node = selectors.node_detail(name)
         if node is None:
             raise NotFound(f"node {name!r} is not registered with Tessera.")
@@ -299,7 +334,7 @@ class CardListView(GenericAPIView):
             _bool_param("healthy", "Health reported by the node plugin."),
             _bool_param("cordoned", "Operator cordon flag."),
             _bool_param("present", "In the node's latest inventory report."),
-            _str_param("model", "Model contains this (case-insensitive)."),
+            _str_param("model", "Model contains this (case-insensitive).", max_length=128),
             *PAGE_PARAMS,
         ],
         responses=CardSerializer(many=True),
@@ -324,6 +359,7 @@ class CardDetailView(GenericAPIView):
 
     @extend_schema(summary="One card with its active slices", responses=CardDetailSerializer)
     def get(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
         detail = selectors.card_detail(uuid)
         if detail is None:
             raise NotFound(f"card {uuid!r} is not registered with Tessera.")
@@ -336,8 +372,9 @@ class _CordonView(GenericAPIView):
     cordon: bool = True
 
     def _reason(self, request: Request) -> str:
-        data = request.data if request.data else {}
-        serializer = CordonSerializer(data=data)
+        # No body reads as {} (DRF's empty data); a body is the object or a 400, never coalesced:
+        # `null`, `[]`, `0.0` and `false` are not "no reason" but a caller's mistake.
+        serializer = CordonSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         return str(serializer.validated_data.get("reason", ""))
 
@@ -347,6 +384,7 @@ class NodeCordonView(_CordonView):
 
     @extend_schema(summary="Cordon or uncordon a node (operator)", responses=NodeSerializer)
     def post(self, request: Request, name: str) -> Response:
+        check_path(name=("node", name))
         reason = self._reason(request)
         cordons.set_node_cordon(name, self.cordon, request.user.get_username(), reason)
         node = selectors.node_detail(name)
@@ -358,6 +396,7 @@ class CardCordonView(_CordonView):
 
     @extend_schema(summary="Cordon or uncordon a card (operator)", responses=CardSerializer)
     def post(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
         reason = self._reason(request)
         cordons.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
         detail = selectors.card_detail(uuid)
@@ -378,8 +417,8 @@ class SliceListView(GenericAPIView):
         summary="List slices",
         parameters=[
             _str_param("node", "Exact node name."),
-            _str_param("card", "Card UUID."),
-            _str_param("namespace", "Pod namespace."),
+            _str_param("card", "Card UUID.", max_length=64),
+            _str_param("namespace", "Pod namespace.", max_length=63),
             _str_param("pod", "Pod name."),
             _bool_param("active", "true (default): held now; false: released; any: both."),
             *PAGE_PARAMS,
@@ -413,15 +452,16 @@ class BindingListView(GenericAPIView):
     @extend_schema(
         summary="List pod bindings",
         parameters=[
-            _str_param("namespace", "Pod namespace."),
+            _str_param("namespace", "Pod namespace.", max_length=63),
             _str_param("name", "Pod name contains this."),
             _str_param("node", "Exact node name."),
-            _str_param("card", "Card UUID the pod holds or held."),
-            _str_param("phase", "Binding phase.", list(PodBinding.Phase.values)),
+            _str_param("card", "Card UUID the pod holds or held.", max_length=64),
+            _str_param("phase", "Binding phase.", list(PodBinding.Phase.values), max_length=16),
             _str_param(
                 "sort",
                 "Order; '-' for descending (default -created).",
                 [s for k in selectors.BINDING_SORTS for s in (k, f"-{k}")],
+                max_length=16,
             ),
             *PAGE_PARAMS,
         ],

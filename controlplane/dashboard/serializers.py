@@ -1,41 +1,19 @@
 """Serializers of the operations API: validate and translate, nothing else.
 
-Input is strict: JSON integers for limits (not "12", 1.5 or true), a valid namespace name, and
-no fields the endpoint does not know (a typo such as `gpu_mem` must not silently mean
-"unlimited").
+Input is strict: a JSON object, JSON integers for limits (not "12", 1.5 or true), a valid
+namespace name, and no fields the endpoint does not know or computes itself
+(`controlplane.api.fields.StrictSerializer`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictCharField, StrictIntegerField
+from controlplane.api.fields import StrictCharField, StrictIntegerField, StrictSerializer
+from controlplane.api.names import NamespaceField
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
-
-
-class StrictFieldsMixin:
-    """Refuse fields the serializer does not declare, naming each."""
-
-    def validate_unknown(self, data: Any) -> None:
-        if not isinstance(data, dict):
-            return
-        known = set(self.fields)  # type: ignore[attr-defined]
-        unknown = {
-            key: f"Unknown field; expected only {', '.join(sorted(known))}."
-            for key in data
-            if key not in known
-        }
-        if unknown:
-            raise serializers.ValidationError(unknown)
-
-    def to_internal_value(self, data: Any) -> Any:
-        self.validate_unknown(data)
-        return super().to_internal_value(data)  # type: ignore[misc]
 
 
 def _limit(name: str, help_text: str) -> StrictIntegerField:
@@ -55,23 +33,16 @@ class UsageSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
 
 
-class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
+class QuotaSerializer(StrictSerializer):
     """A namespace quota: limits (null = unlimited) and, read-only, what the namespace holds."""
 
-    namespace = StrictCharField(max_length=63, help_text="Kubernetes namespace name (DNS label).")
+    namespace = NamespaceField(help_text="Kubernetes namespace name (DNS label).")
     gpumem_mib = _limit("gpumem_mib", "Total GPU memory in MiB over all slices.")
     gpucores = _limit("gpucores", "Sum of compute percents over all slices.")
     gpus = _limit("gpus", "Number of slices.")
     usage = UsageSerializer(read_only=True)
     updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
     updated_by = serializers.CharField(read_only=True)
-
-    def validate_namespace(self, value: str) -> str:
-        if not is_namespace(value):
-            raise serializers.ValidationError(
-                f"{value!r} is not a valid namespace name: {NAMESPACE_HELP}"
-            )
-        return value
 
     def limits(self, base: QuotaLimitsInput | None = None) -> QuotaLimitsInput:
         """The validated limits; with `base` (PATCH), fields not sent keep base's values."""
@@ -89,10 +60,10 @@ class QuotaSerializer(StrictFieldsMixin, serializers.Serializer):
 class QuotaLimitsSerializer(QuotaSerializer):
     """PUT/PATCH body: the namespace comes from the URL (it may be repeated if it matches)."""
 
-    namespace = StrictCharField(max_length=63, required=False)
+    namespace = NamespaceField(required=False, help_text="The URL's namespace, if repeated.")
 
 
-class CordonSerializer(StrictFieldsMixin, serializers.Serializer):
+class CordonSerializer(StrictSerializer):
     reason = StrictCharField(
         max_length=500, required=False, allow_blank=True, default="", help_text="For the audit log."
     )

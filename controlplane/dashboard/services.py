@@ -7,7 +7,6 @@ as the change.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -18,11 +17,10 @@ from controlplane.access.roles import Role
 from controlplane.access.services import create_token, grant_role
 from controlplane.dashboard.models import AllocationSample
 from controlplane.dashboard.selectors import Overview
-from controlplane.ledger.errors import NotFound, ServiceError
+from controlplane.ledger.errors import NotFound
 from controlplane.ledger.services.audit import record_event
 
 SAMPLE_RETENTION = timedelta(days=7)
-USERNAME = re.compile(r"^[\w.@+-]{1,150}$")  # Django's username rule
 
 
 def sample_bucket(now: datetime) -> datetime:
@@ -70,7 +68,6 @@ def sample_due(latest: AllocationSample | None, now: datetime | None = None) -> 
 
 def grant_user_role(username: str, role: Role, actor: str) -> None:
     """Give `username` (created if new, with no password) exactly one Tessera role. Audited."""
-    _check_username(username)
     with transaction.atomic():
         grant_role(username, role)
         record_event(actor, "role-grant", "user", username, role=role.value)
@@ -79,7 +76,6 @@ def grant_user_role(username: str, role: Role, actor: str) -> None:
 def issue_token(username: str, role: Role, label: str, actor: str) -> str:
     """Grant `role` and return a new API token for `username`, shown only now. Audited (the
     event names the token's prefix, never the token)."""
-    _check_username(username)
     with transaction.atomic():
         token = create_token(username, role, label)
         record_event(
@@ -99,8 +95,3 @@ def revoke_token(token_id: int, actor: str) -> ApiToken:
         token.save(update_fields=["revoked"])
         record_event(actor, "token-revoke", "user", token.user.get_username(), prefix=token.prefix)
     return token
-
-
-def _check_username(username: str) -> None:
-    if not isinstance(username, str) or not USERNAME.match(username):
-        raise ServiceError("username: 1 to 150 letters, digits and @.+-_ only", field="username")

@@ -25,6 +25,7 @@ from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons
 from controlplane.ledger.services import quotas as quota_services
+from controlplane.ledger.validation import whole_number
 
 POLL_SECONDS = 5
 
@@ -276,9 +277,9 @@ def access(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         actor = request.user.get_username()
         if request.POST.get("action") == "revoke":
-            token_id = request.POST.get("token", "")
+            token_id = whole_number(request.POST.get("token", ""))
             try:
-                services.revoke_token(int(token_id) if token_id.isdigit() else -1, actor)
+                services.revoke_token(-1 if token_id is None else token_id, actor)
             except ServiceError as exc:
                 messages.error(request, exc.message)
             else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
@@ -15,23 +17,45 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
-from controlplane.api.fields import StrictCharField
+from controlplane.api.fields import StrictCharField, StrictSerializer
+from controlplane.api.names import check_path
+from controlplane.api.schema import conflict
 from controlplane.ledger import selectors, why
 from controlplane.ledger.services import bindings
-from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace, is_node_name
 
 
 def _check_pod_name(namespace: str, name: str) -> None:
-    if not is_namespace(namespace):
-        raise ValidationError({"namespace": f"{namespace!r} is not a namespace: {NAMESPACE_HELP}"})
-    if not is_node_name(name):
-        raise ValidationError({"name": f"{name!r} is not a pod name (a DNS subdomain)"})
+    check_path(namespace=("namespace", namespace), name=("pod", name))
+
+
+class WhyBindingSerializer(serializers.Serializer):
+    phase = serializers.CharField()
+    node = serializers.CharField(allow_null=True)
+    pod_uid = serializers.CharField()
+
+
+class WhySerializer(serializers.Serializer):
+    """Where a pod stands (documentation of the answer; never read)."""
+
+    namespace = serializers.CharField()
+    name = serializers.CharField()
+    pod_uid = serializers.CharField(allow_null=True)
+    outcome = serializers.CharField()
+    summary = serializers.CharField(help_text="Where the pod stands, in words.")
+    decided_at = serializers.DateTimeField(allow_null=True)
+    nodes_considered = serializers.IntegerField(allow_null=True)
+    feasible_nodes = serializers.ListField(child=serializers.CharField())
+    reason_counts = serializers.DictField(child=serializers.IntegerField())
+    node_reasons = serializers.DictField(child=serializers.CharField())
+    binding = WhyBindingSerializer(allow_null=True)
 
 
 class WhyView(APIView):
     """`GET /api/v1/pods/<namespace>/<name>/why`: where the pod stands, in words
     (`controlplane.ledger.why`, the same answer as the dashboard's pod page)."""
 
+    @extend_schema(summary="Where a pod stands: why it is pending, or where it is bound",
+                   responses=WhySerializer)  # fmt: skip
     def get(self, request: Request, namespace: str, name: str) -> Response:
         _check_pod_name(namespace, name)
         status = why.pod_status(namespace, name)
@@ -85,6 +109,12 @@ class AllocationView(APIView):
 
     permission_classes = [IsNodeOrViewer]
 
+    @extend_schema(
+        summary="A pod's current allocation record (node identity of its node, or viewer)",
+        responses=OpenApiResponse(
+            OpenApiTypes.OBJECT, description="The version-1 allocation record (docs/allocation.md)."
+        ),
+    )
     def get(self, request: Request, namespace: str, name: str) -> Response:
         _check_pod_name(namespace, name)
         binding = selectors.active_binding_of_pod(namespace, name)
@@ -98,10 +128,19 @@ class AllocationView(APIView):
         return Response(selectors.allocation_of(binding))
 
 
-class AllocatedSerializer(serializers.Serializer):
+class AllocatedSerializer(StrictSerializer):
     devices = serializers.ListField(
         child=StrictCharField(max_length=64), min_length=1, max_length=64
     )
+
+
+class AllocatedResultSerializer(serializers.Serializer):
+    """The answer to an allocated report (documentation of the answer; never read)."""
+
+    pod_uid = serializers.CharField()
+    phase = serializers.CharField()
+    container = serializers.CharField()
+    devices = serializers.ListField(child=serializers.CharField())
 
 
 class AllocatedView(APIView):
@@ -109,9 +148,20 @@ class AllocatedView(APIView):
 
     permission_classes = [IsNodeOrAdmin]
 
+    @extend_schema(
+        summary="A node plugin reports the cards it gave a container (node identity, or admin)",
+        request=AllocatedSerializer,
+        responses={
+            200: AllocatedResultSerializer,
+            409: conflict(
+                "The binding is no longer active, or the devices differ from the ledger's."
+            ),
+        },
+    )
     def post(self, request: Request, pod_uid: str, container: str) -> Response:
         if len(pod_uid) > 64:
             raise ValidationError({"pod_uid": "at most 64 characters"})
+        check_path(container=("container", container))
         serializer = AllocatedSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         binding = bindings.mark_allocated(

@@ -18,11 +18,14 @@ from typing import Any
 
 import orjson
 
+from controlplane.api.parsers import JSONTooDeep, check_json_depth
 from controlplane.ledger.validation import (
     NAMESPACE_HELP,
     NODE_NAME_HELP,
+    POD_NAME_HELP,
     is_namespace,
     is_node_name,
+    is_pod_name,
 )
 
 MAX_NAME = 253
@@ -39,9 +42,13 @@ class WireError(ValueError):
 
 
 def load_json(body: bytes) -> Any:
-    """Decode the body; WireError for anything that is not UTF-8 JSON."""
+    """Decode the body; WireError for anything that is not UTF-8 JSON or nests too deeply."""
     if not body:
         raise WireError("body", "is empty; send the JSON object kube-scheduler sends")
+    try:
+        check_json_depth(body)
+    except JSONTooDeep as exc:
+        raise WireError("body", str(exc)) from None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -146,8 +153,8 @@ def parse_binding_args(raw: Any) -> BindingArgs:
         raise WireError("PodNamespace", f"{namespace!r} is not a namespace: {NAMESPACE_HELP}")
     if not is_node_name(node):
         raise WireError("Node", f"{node!r} is not a node name: {NODE_NAME_HELP}")
-    if not is_node_name(name):
-        raise WireError("PodName", f"{name!r} is not a pod name (a DNS subdomain)")
+    if not is_pod_name(name):
+        raise WireError("PodName", f"{name!r} is not a pod name: {POD_NAME_HELP}")
     return BindingArgs(name, namespace, uid, node)
 
 

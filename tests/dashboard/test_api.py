@@ -213,6 +213,13 @@ BAD_QUOTAS: list[tuple[str, str, str, Any, str]] = [
     ("put-negative", "put", "/api/v1/quotas/keep/", {"gpus": -1}, "gpus"),
     ("patch-string", "patch", "/api/v1/quotas/keep/", {"gpucores": "50"}, "gpucores"),
     ("patch-unknown", "patch", "/api/v1/quotas/keep/", {"limit": 5}, "limit"),
+    # Read-only fields of the answer are the server's: sent back, they are refused, not dropped.
+    ("post-usage", "post", QUOTAS, {"namespace": "ok", "usage": {"gpus": 5}}, "usage"),
+    ("post-updated-by", "post", QUOTAS, {"namespace": "ok", "updated_by": "eve"}, "updated_by"),
+    ("put-usage", "put", "/api/v1/quotas/keep/", {"gpus": 1, "usage": None}, "usage"),
+    ("patch-updated-at", "patch", "/api/v1/quotas/keep/", {"updated_at": None}, "updated_at"),
+    ("null-body", "post", QUOTAS, "null", "body"),
+    ("put-list-body", "put", "/api/v1/quotas/keep/", "[]", "body"),
 ]
 
 
@@ -334,6 +341,48 @@ def test_bad_filters_name_the_field(cluster: None, viewer: APIClient, url: str, 
     assert field in response.json()["fields"]
 
 
+LISTS = [
+    "/api/v1/quotas/",
+    "/api/v1/nodes/",
+    "/api/v1/cards/",
+    "/api/v1/slices/",
+    "/api/v1/bindings/",
+]
+# What int() or str.isdigit() take that a page number is not: superscript and Arabic-Indic
+# digits (isdigit() is true for both; int() refuses '²' and reads '٣' as 3), full-width digits,
+# exponent, sign, spaces, underscores, more digits than int() converts.
+NOT_NUMBERS = ["²", "٣", "\uff11", "1e3", "-1", "+1", " 1", "1 ", "1_0", "0x1", "1.0", "", "0"]
+
+
+@pytest.mark.parametrize("url", LISTS)
+@pytest.mark.parametrize("param", ["page", "page_size"])
+@pytest.mark.parametrize("raw", NOT_NUMBERS, ids=range(len(NOT_NUMBERS)))
+def test_page_numbers_are_ascii_digits_or_a_400(
+    cluster: None, viewer: APIClient, url: str, param: str, raw: str
+) -> None:
+    response = viewer.get(url, {param: raw})
+    if raw == "" and param == "page_size":  # empty: the default, as with no parameter at all
+        assert response.status_code == 200, response.content
+        return
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert param in body["fields"]
+    assert len(body["error"]) < 200  # the junk is not echoed back in full
+
+
+@pytest.mark.parametrize("url", LISTS)
+def test_a_page_number_past_the_end_is_a_404_however_large(
+    cluster: None, viewer: APIClient, url: str
+) -> None:
+    for page in ["99", "9" * 18, "9" * 19, "9" * 5000]:  # 5,000 digits: past what int() reads
+        response = viewer.get(url, {"page": page})
+        assert response.status_code == 404, response.content
+        assert "past the last page" in response.json()["error"]
+        assert len(response.json()["error"]) < 200
+    for size in ["9" * 19, "9" * 5000]:
+        assert viewer.get(url, {"page_size": size}).status_code == 400
+
+
 def test_pagination_shape_and_links(viewer: APIClient) -> None:
     for i in range(7):
         make_node(f"node-{i:02d}", cards=1)
@@ -439,3 +488,36 @@ def test_schema_lists_the_operations_api(viewer: APIClient) -> None:
     for path in ["/api/v1/quotas/", "/api/v1/quotas/{namespace}/", "/api/v1/bindings/"]:
         assert path in (paths or text)
     assert "bearerToken" in text
+
+
+CORDONS = [
+    "/api/v1/nodes/n1/cordon",
+    "/api/v1/nodes/n1/uncordon",
+    "/api/v1/cards/GPU-n1-0/cordon",
+    "/api/v1/cards/GPU-n1-0/uncordon",
+]
+
+
+@pytest.mark.parametrize("url", CORDONS)
+@pytest.mark.parametrize(
+    "body", ["null", "[]", "0.0", "0", "false", "true", '""', '"maintenance"', '["reason"]']
+)
+def test_a_cordon_body_is_an_object_or_nothing(
+    cluster: None, operator: APIClient, url: str, body: str
+) -> None:
+    before = ledger_snapshot()
+    response = send(operator, "post", url, body, raw=True)
+    assert response.status_code == 400, response.content
+    payload = response.json()
+    assert "JSON object" in payload["fields"]["body"]
+    assert ledger_snapshot() == before
+
+
+@pytest.mark.parametrize("url", CORDONS)
+@pytest.mark.parametrize("body", [None, "{}", '{"reason": "disk swap"}'])
+def test_no_body_or_the_documented_object_cordons(
+    cluster: None, operator: APIClient, url: str, body: str | None
+) -> None:
+    response = send(operator, "post", url, body, raw=True)
+    assert response.status_code == 200, response.content
+    assert response.json()["cordoned"] is url.endswith("/cordon")

@@ -434,5 +434,8 @@ def test_admin_grants_roles_issues_and_revokes_tokens(cluster: None) -> None:
     actions = list(AuditEvent.objects.filter(actor="root").values_list("action", flat=True))
     assert sorted(actions) == ["role-grant", "token-create", "token-revoke"]
     assert token not in str(list(AuditEvent.objects.values_list("details", flat=True)))
+    for junk in ["²", "٣", "9" * 5000, "-1", ""]:  # not token ids: refused, never a 500
+        refused = client.post("/access/", {"action": "revoke", "token": junk}, follow=True)
+        assert refused.status_code == 200 and b"no API token" in refused.content
     bad = client.post("/access/", {"username": "bad name!", "role": "viewer"})
     assert bad.status_code == 400 and b'data-error-for="username"' in bad.content

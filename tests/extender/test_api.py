@@ -106,7 +106,15 @@ def test_allocated_moves_the_binding_to_allocated_and_checks_devices(bound_train
 
 
 @pytest.mark.parametrize(
-    "body", [{}, {"devices": "GPU-big-0"}, {"devices": [1]}, {"devices": []}, [1]]
+    "body",
+    [
+        {},
+        {"devices": "GPU-big-0"},
+        {"devices": [1]},
+        {"devices": []},
+        [1],
+        {"devices": ["GPU-big-0", "GPU-big-1"], "node": "big"},  # an unknown field, refused
+    ],
 )
 def test_allocated_bad_input_is_a_400(bound_trainer, body) -> None:
     uid = bound_trainer["metadata"]["uid"]

@@ -16,6 +16,7 @@ from django.utils import timezone
 from controlplane.ledger.errors import Conflict, NotFound, ServiceError
 from controlplane.ledger.models import Card, Node, PodBinding, Slice
 from controlplane.ledger.services.audit import record_event
+from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 MAX_SLOTS = 64  # slices a card may hold at once: well past what a GPU's memory can be cut into
 
@@ -66,6 +67,9 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     too, until the pods end) but take no new slices. A UUID registered to another node is
     refused: a card cannot be in two machines at once, so such a report is wrong or forged.
     """
+    if not is_node_name(node_name):
+        message = f"name: {node_name!r} is not a valid node name: {NODE_NAME_HELP}"
+        raise ServiceError(message, "name")
     now = timezone.now()
     node, created = Node.objects.get_or_create(name=node_name)
     node = Node.objects.select_for_update().get(pk=node.pk)

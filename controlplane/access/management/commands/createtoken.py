@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.validators import UnicodeUsernameValidator
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.access.roles import Role
-from controlplane.access.services import create_token
-from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
+from controlplane.access.services import check_username, create_token
+from controlplane.ledger.errors import ServiceError
 
 
 class Command(BaseCommand):
@@ -28,13 +26,7 @@ class Command(BaseCommand):
         username: str = options["username"]
         role = Role(options["role"])
         try:
-            UnicodeUsernameValidator()(username)
-        except ValidationError:
-            raise CommandError(
-                f"username {username!r}: use at most 150 letters, digits and @.+-_"
-            ) from None
-        if len(username) > 150:
-            raise CommandError(f"username {username!r}: at most 150 characters")
-        if role is Role.NODE and not is_node_name(username):
-            raise CommandError(f"username {username!r} for --role node: {NODE_NAME_HELP}")
+            check_username(username, role)
+        except ServiceError as exc:
+            raise CommandError(exc.message) from None
         self.stdout.write(create_token(username, role, options["label"]))

@@ -1,0 +1,119 @@
+"""The OpenAPI schema says what the API refuses, not only what it answers when all goes well.
+
+`AutoSchema` (settings: DEFAULT_SCHEMA_CLASS) adds to every operation the error answers the
+API gives, each with the one error body (`Error`, see `controlplane.api.errors`): 400 (bad
+input, naming the field), 401 (no or bad credentials), 403 (role), 404 on object routes and on
+paginated lists (a page past the end), 413 and 415 on writes (body too large, not JSON). A view
+documents a 409 where it can conflict (`conflict()`). Path parameters get the pattern and length
+of the name rule they are checked against (`controlplane.ledger.validation`); body fields carry
+theirs through their field classes, and every request body refuses keys it does not list
+(`additionalProperties: false`, as `StrictSerializer` does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular import openapi
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+
+from controlplane.ledger import validation as v
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error answer of the API."""
+
+    error = serializers.CharField(help_text="What went wrong and how to fix it, in one sentence.")
+    fields = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Each field, path or query parameter at fault (`body`: the body as a whole), "
+        "with what is wrong with it. Present on 400s.",
+    )
+
+
+def _name(pattern: str, max_length: int, description: str) -> dict[str, Any]:
+    return {
+        "type": "string",
+        "pattern": pattern,
+        "minLength": 1,
+        "maxLength": max_length,
+        "description": description,
+    }
+
+
+# Path parameter name -> its schema: the rule the views check it with (controlplane.api.names).
+PATH_PARAMETERS: dict[str, dict[str, Any]] = {
+    "namespace": _name(v.NAMESPACE_PATTERN, v.MAX_LABEL, "Kubernetes namespace (DNS label)."),
+    "name": _name(
+        v.NODE_NAME_PATTERN, v.MAX_SUBDOMAIN, "Node or pod name (DNS subdomain), as the route says."
+    ),
+    "uuid": _name(v.CARD_UUID_PATTERN, v.MAX_CARD_UUID, "The card's NVML UUID."),
+    "container": _name(v.CONTAINER_PATTERN, v.MAX_LABEL, "Container name (DNS label)."),
+    "pod_uid": {"type": "string", "minLength": 1, "maxLength": 64, "description": "Pod UID."},
+}
+
+ERRORS = {
+    400: "Bad input; nothing changed. `fields` names each field, path or query parameter at fault.",
+    401: "No credentials, or a token that is unknown, revoked or malformed.",
+    403: "The caller's role may not do this.",
+    404: "Not found: no such object, or a page past the last one.",
+    413: "The body is over the size limit.",
+    415: "The body is not JSON: send Content-Type: application/json.",
+}
+WRITES = {"POST", "PUT", "PATCH"}
+
+
+def conflict(description: str) -> OpenApiResponse:
+    """A documented 409 answer, with the error body."""
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+class AutoSchema(openapi.AutoSchema):
+    def get_operation(
+        self, path: str, path_regex: str, path_prefix: str, method: str, registry: Any
+    ) -> dict[str, Any] | None:
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        has_path_parameters = False
+        for parameter in operation.get("parameters", []):
+            if parameter["in"] == "path":
+                has_path_parameters = True
+                rule = PATH_PARAMETERS.get(parameter["name"], {})
+                parameter["schema"] = {**parameter["schema"], **rule}
+        codes = [400, 401, 403]
+        paginated = self.method == "GET" and getattr(self.view, "pagination_class", None)
+        if has_path_parameters or paginated:
+            codes.append(404)
+        if self.method in WRITES:
+            codes += [413, 415]
+        error = self.resolve_serializer(ErrorSerializer, "response").ref
+        responses = operation.setdefault("responses", {})
+        for code in codes:
+            responses.setdefault(
+                str(code),
+                {"description": ERRORS[code], "content": {"application/json": {"schema": error}}},
+            )
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation
+
+
+class StrictSerializerScheme(OpenApiSerializerExtension):
+    """A StrictSerializer's object takes no keys but its own, and its lists say their bounds."""
+
+    target_class = "controlplane.api.fields.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(
+            self.target, direction, bypass_extensions=True
+        )
+        schema["additionalProperties"] = False
+        for name, field in self.target.fields.items():  # many=True: drf-spectacular drops bounds
+            if isinstance(field, serializers.ListSerializer) and name in schema["properties"]:
+                bounds = {"minItems": field.min_length, "maxItems": field.max_length}
+                schema["properties"][name].update({k: n for k, n in bounds.items() if n})
+        return schema
