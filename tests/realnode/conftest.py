@@ -240,5 +240,10 @@ def tessera_cards(tessera: objects.Tessera) -> list[str]:
 
 @pytest.fixture
 def namespace(core: Any, installed: dict[str, Any], request: pytest.FixtureRequest) -> str:
+    # Each test starts on a node whose plugin is registered and healthy: a test before it may
+    # have removed the plugin or restarted the kubelet, and a pod created before the devices are
+    # allocatable again is refused at admission ("no healthy devices present").
+    objects.wait_for(lambda: plugin_serving(core), timeout=120, every=0.5,
+                     what="nvidia.com/gpu allocatable on the real node")  # fmt: skip
     name = objects.unique(request.node.name.replace("_", "-")[:30].strip("-").lower())
     return objects.create_namespace(core, name)

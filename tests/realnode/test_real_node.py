@@ -306,6 +306,8 @@ def test_pod_created_while_no_plugin_serves_never_runs_without_its_devices(
         apps.patch_namespaced_daemon_set(ds_name, NAMESPACE, selector(None))
     objects.wait_for(lambda: (p := plugin_pod(core)) is not None and p.status.phase == "Running",
                      timeout=120, what="the node plugin back")  # fmt: skip
+    objects.wait_for(lambda: plugin_serving(core), timeout=120, every=0.5,
+                     what="nvidia.com/gpu allocatable again")  # fmt: skip
     if refused:
         assert "nvidia.com/gpu" in (pod.status.message or "") + (pod.status.reason or ""), (
             pod.status
