@@ -851,7 +851,10 @@ class Cluster:
                 )
             command, source = found
         argv = sidecar_argv(command, self.ports["extender"], source)
-        if self.options.access_log and Path(command[0]).name == "granian":
+        server, module, _ = sidecar_server(command, source)
+        if checkout != ROOT and module.startswith("controlplane."):
+            argv = _launcher_of(checkout, module, argv)
+        if self.options.access_log and server == "granian":
             argv.insert(-1, "--access-log")
         self._spawn(
             "extender",
@@ -1268,21 +1271,45 @@ def deployed_extender_command() -> tuple[list[str], str] | None:
     return (argv, f"{path.relative_to(ROOT)}: the extender container") if argv else None
 
 
+# The servers the harness can point at its own port, by the module the venv's Python runs:
+# their console scripts, and granian's command line as the sidecar runs it (the ceiling of its
+# header-read timeout lifted, controlplane/granian_cli.py).
+SIDECAR_SERVERS = {
+    "granian": "granian",
+    "gunicorn": "gunicorn",
+    "controlplane.granian_cli": "granian",
+}
+
+
+def sidecar_server(command: Sequence[str], source: str) -> tuple[str, str, list[str]]:
+    """(server, module, arguments) of a sidecar command: `granian ...`, `gunicorn ...`, or
+    `python -m <module> ...` for a module of SIDECAR_SERVERS."""
+    head = 1
+    if len(command) > 2 and Path(command[0]).name in ("python", "python3") and command[1] == "-m":
+        head = 3
+    module = (command[2] if head == 3 else Path(command[0]).name) if command else ""
+    server = SIDECAR_SERVERS.get(module)
+    if server is None:
+        raise HarnessError(
+            f"{source}: the command {list(command)[:head]} is not granian or gunicorn, the "
+            "servers the harness knows how to point at its own port"
+        )
+    args = list(command[head:])
+    return server, module, args
+
+
 def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
     """The sidecar's command as the harness runs it: the venv's Python runs the server (the
-    command names a console script of the image), on loopback at the harness's port.
+    command names a console script of the image, or `python -m` a module of it), on loopback at
+    the harness's port.
 
     The listening address is the one thing replaced: `--host=`/`--port=` (granian) or `--bind=`
     (gunicorn). A command with neither is refused, as is a server the harness does not know.
     """
-    if not command or Path(command[0]).name not in ("granian", "gunicorn"):
-        raise HarnessError(
-            f"{source}: the command {list(command)[:1]} is not granian or gunicorn, the servers "
-            "the harness knows how to point at its own port"
-        )
-    argv = [sys.executable, "-m", Path(command[0]).name]
+    _, module, args = sidecar_server(command, source)
+    argv = [sys.executable, "-m", module]
     placed = False
-    for arg in command[1:]:
+    for arg in args:
         if arg in ("--host", "--port", "--bind", "-b"):
             raise HarnessError(
                 f"{source}: {arg} without =value; write the listening options as --name=value, "
@@ -1302,6 +1329,18 @@ def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
             "its own port"
         )
     return argv
+
+
+def _launcher_of(checkout: Path, module: str, argv: list[str]) -> list[str]:
+    """The sidecar's argv for another checkout (a bench's variant), whose own `controlplane`
+    package comes first on the path: a checkout from before controlplane/granian_cli.py runs
+    granian's own command line, with granian's default header-read timeout (what that code ran
+    with: idle connections closed after 30 s)."""
+    if (checkout / Path(*module.split("."))).with_suffix(".py").is_file():
+        return argv
+    log(f"{checkout}: no {module}: its sidecar runs granian's own command line")
+    kept = [a for a in argv[3:] if not a.startswith("--http1-header-read-timeout=")]
+    return [argv[0], "-m", "granian", *kept]
 
 
 def _stop_component(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:

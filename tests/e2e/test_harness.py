@@ -26,6 +26,7 @@ from e2e.cluster import (
     load_versions,
     processes_of_run,
     sidecar_argv,
+    sidecar_server,
     stop_process_tree,
 )
 from tests.e2e.conftest import NODES, chart_values
@@ -149,12 +150,13 @@ def test_the_extender_sidecar_runs_the_deployments_command(cluster: Cluster) -> 
     found = deployed_extender_command()
     assert found is not None
     wanted = list(chart.extender_command) if chart is not None else found[0]
+    server, module, args = sidecar_server(wanted, "the manifest")
     running = Path(f"/proc/{cluster.state['components']['extender']['pid']}/cmdline")
     argv = [a for a in running.read_bytes().decode().split("\0") if a and a != "--access-log"]
-    assert argv[1:3] == ["-m", Path(wanted[0]).name]
+    assert argv[1:3] == ["-m", module]
     port = cluster.ports["extender"]
-    assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in wanted[1:]]
-    assert Path(wanted[0]).name == "granian"  # the server docs/extender.md measured
+    assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in args]
+    assert server == "granian"  # the server docs/extender.md measured
 
 
 def test_the_webhook_keeps_an_idle_connection_open(cluster: Cluster) -> None:
@@ -184,8 +186,12 @@ def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None
     assert argv[1:] == ["-m", "granian", "--host=127.0.0.1", "--port=9", "app:application"]
     argv = sidecar_argv(["gunicorn", "app", "--bind=0.0.0.0:8001"], 9, "x")
     assert argv[1:] == ["-m", "gunicorn", "app", "--bind=127.0.0.1:9"]
+    argv = sidecar_argv(["python", "-m", "controlplane.granian_cli", "--port=1", "app"], 9, "x")
+    assert argv[1:] == ["-m", "controlplane.granian_cli", "--port=9", "app"]
     with pytest.raises(HarnessError, match="x: the command \\['uvicorn'\\] is not granian"):
         sidecar_argv(["uvicorn", "--port=1", "app"], 9, "x")
+    with pytest.raises(HarnessError, match="\\['python', '-m', 'uvicorn'\\] is not granian"):
+        sidecar_argv(["python", "-m", "uvicorn", "--port=1", "app"], 9, "x")
     with pytest.raises(HarnessError, match="x: --port without =value"):
         sidecar_argv(["granian", "--port", "8001", "app"], 9, "x")
     with pytest.raises(HarnessError, match="x: the command sets no --port= or --bind="):
