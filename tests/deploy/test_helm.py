@@ -440,6 +440,7 @@ AUTH_READER = ("Role", "kube-system/extension-apiserver-authentication-reader")
 WORKER_RULES = (
     ("", "pods", "get,list,watch"),
     ("", "nodes", "list"),
+    ("", "namespaces", "get", "names=kube-system"),  # the cluster's identity (its UID)
 )
 EXPECTED_RBAC = {
     "defaults": {
@@ -487,8 +488,9 @@ def effective_grants(docs: list[dict[str, Any]]) -> dict[str, set[tuple[str, ...
                             grant = (group, resource, ",".join(sorted(rule["verbs"])))
                             if ref["kind"] == "Role":
                                 grant = (*grant, ns)
+                            if "resourceNames" in rule:
+                                grant = (*grant, "names=" + ",".join(sorted(rule["resourceNames"])))
                             grants[sa].add(grant)
-                            assert "resourceNames" not in rule
             else:
                 name = f"{ns}/{ref['name']}" if ref["kind"] == "Role" else ref["name"]
                 grants[sa].add((ref["kind"], name))
