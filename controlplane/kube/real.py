@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import select
 import socket
 import ssl
@@ -29,6 +30,11 @@ from controlplane.kube.sources import (
     WatchExpired,
     pod_view,
 )
+
+log = logging.getLogger(__name__)
+
+# The namespace whose UID identifies the cluster (RealClusterSource.cluster_identity).
+IDENTITY_NAMESPACE = "kube-system"
 
 
 class _Unreachable(Exception):
@@ -446,3 +452,32 @@ class RealClusterSource:
 
     def last_resource_version(self) -> str:
         return self._rv
+
+    def cluster_identity(self) -> str:
+        """The UID of the `kube-system` namespace. The API server creates it when it first starts
+        on an empty etcd and refuses to delete it, so the UID stays for the cluster's life and
+        changes only with its store: a new cluster, or an etcd that is not this one's. An etcd
+        restored from this cluster's own backup keeps it; a resume point from before the backup
+        is then ahead of the API server, which `current_resource_version` tells. Without
+        permission to read it (the chart grants `get` on that one namespace): "" and a warning;
+        the resume point is then checked against the API server's version alone."""
+        with timed():
+            try:
+                namespace = self.kube._json(
+                    self.kube._api.read_namespace(
+                        IDENTITY_NAMESPACE, _preload_content=False, _request_timeout=30
+                    )
+                )
+            except Exception as exc:  # translated
+                error = self.kube._error(exc, f"read namespace {IDENTITY_NAMESPACE}")
+                if error.status in (401, 403, 404):
+                    log.warning(
+                        "%s: the reconciler cannot tell this cluster from another; a resume "
+                        "point saved on another cluster would go unnoticed (grant get on "
+                        "namespaces/%s)",
+                        error.message,
+                        IDENTITY_NAMESPACE,
+                    )
+                    return ""
+                raise TemporaryError(error.message) from exc
+        return str((namespace.get("metadata") or {}).get("uid") or "")

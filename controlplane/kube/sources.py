@@ -63,6 +63,10 @@ class ClusterSource(Protocol):
         """The API server's resourceVersion now (a one-item list): a resume point ahead of it
         (etcd restored from a backup) is watched from in silence, not refused."""
 
+    def cluster_identity(self) -> str:
+        """What tells this cluster from any other: the UID of its `kube-system` namespace ("" when
+        it cannot be read). A resume point is only valid on the cluster that issued it."""
+
 
 def pod_view(obj: Mapping[str, Any]) -> PodView:
     """A v1.Pod as the API server serves it (JSON) -> the few fields the reconciler reads."""

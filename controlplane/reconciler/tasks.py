@@ -2,13 +2,15 @@
 
 `reconcile` runs once at a time whatever the number of workers (a Redis lock with an expiry, so
 a worker killed mid-run blocks the next one for at most the lock's TTL). It watches pod events
-from the last resourceVersion it saw and falls back to a full relist when it has none, when the
-API server says the version expired (410), when the version is ahead of the API server's (etcd
-restored from a backup: a watch from it would wait in silence), or when the last full relist is
-older than TESSERA_FULL_RESYNC_S. Temporary errors (API server or Redis away) are retried with
-exponential backoff and jitter; a run that dies half-way has committed only whole repairs, and the
-next run finds the rest, because every repair is level-based. Each pass also drops the decision
-log entries of pods the cluster no longer has.
+from the last resourceVersion it saw and falls back to a full relist when it has none, when that
+version was saved on another cluster (the resume point carries the cluster's identity: a
+replaced cluster's versions mean nothing here), when the API server says the version expired
+(410), when the version is ahead of the API server's (etcd restored from a backup: a watch from
+it would wait in silence), or when the last full relist is older than TESSERA_FULL_RESYNC_S.
+Temporary errors (API server or Redis away) are retried with exponential backoff and jitter; a
+run that dies half-way has committed only whole repairs, and the next run finds the rest,
+because every repair is level-based. Each pass also drops the decision log entries of pods the
+cluster no longer has.
 
 `prune` deletes what the ledger need not keep (docs/reconciler.md, "Pruning"): cards long gone
 from their node's reports that nothing holds, decision log entries past their use, expired
@@ -19,6 +21,7 @@ kind): a backlog goes over the next runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import time
@@ -44,7 +47,9 @@ from controlplane.reconciler.models import ReconcileRun
 log = logging.getLogger(__name__)
 
 LOCK_KEY = "tessera:reconcile:lock"
-RV_KEY = "tessera:reconcile:pods-rv"
+# The resume point: {"cluster": <the cluster's identity>, "rv": <the pods' resourceVersion>},
+# one value, so a version is never read with another cluster's identity.
+RESUME_KEY = "tessera:reconcile:pods-resume"
 LAST_FULL_KEY = "tessera:reconcile:last-full"
 PRUNE_LOCK_KEY = "tessera:prune:lock"
 # A prune deletes at most a few batches of rows: seconds. Longer than that, the lock has outlived
@@ -155,6 +160,24 @@ class LocalState(dict[str, str]):
         self[key] = value
 
 
+def resume_point(cluster: str, rv: str) -> str:
+    """The stored form of a resume point: the resourceVersion and the cluster that issued it."""
+    return json.dumps({"cluster": cluster, "rv": rv})
+
+
+def _saved_resume_point(state: StateStore) -> tuple[str, str] | None:
+    """(cluster, resourceVersion) saved by the last pass; None when there is none or it is not
+    one (a value of an older format is simply not a resume point: one relist)."""
+    raw = state.get(RESUME_KEY)
+    try:
+        saved = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(saved, dict) or not saved.get("rv"):
+        return None
+    return str(saved.get("cluster") or ""), str(saved["rv"])
+
+
 def _ahead(saved: str, current: str) -> bool:
     """Is the saved resourceVersion past the API server's? (Both are etcd revisions in every
     API server there is; anything else is not compared.)"""
@@ -171,13 +194,27 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
     run = ReconcileRun(started_at=timezone.now(), mode=ReconcileRun.Mode.WATCH)
     drift: Counter[str] = Counter()
     verify = verify_allocation
-    rv = state.get(RV_KEY)
+    cluster = source.cluster_identity()
+    saved = _saved_resume_point(state)
+    rv = saved[1] if saved else None
+    if saved and saved[0] != cluster:
+        # Redis outlived the cluster (replaced, or its etcd swapped for another): this version
+        # is another store's counter, and a watch from it would hide every event until it got
+        # there, or start past events it never saw. Only a relist is right.
+        log.warning(
+            "reconcile: resume point %s was saved on another cluster (%s, now %s): relisting",
+            rv,
+            saved[0] or "unknown",
+            cluster or "unknown",
+        )
+        drift["resume_point_other_cluster"] += 1
+        rv = None
     last_full = float(state.get(LAST_FULL_KEY) or 0)
     if time.time() - last_full > settings.TESSERA["FULL_RESYNC_S"]:
         full = True
     if not full and rv and _ahead(rv, source.current_resource_version()):
-        # etcd restored from a backup, or another cluster: the API server would watch from
-        # this version in silence until it got there. Only a relist is right.
+        # etcd restored from a backup: the API server would watch from this version in
+        # silence until it got there. Only a relist is right.
         log.warning("reconcile: resume point %s is ahead of the API server: relisting", rv)
         drift["resume_point_ahead"] += 1
         full = True
@@ -211,7 +248,7 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
             if deleted:
                 decisions.forget_decisions(deleted, before=timezone.now())
             run.pods_seen = len(seen) + len(deleted)
-            state.set(RV_KEY, source.last_resource_version())
+            state.set(RESUME_KEY, resume_point(cluster, source.last_resource_version()))
         except WatchExpired:
             drift["watch_expired"] += 1
             full = True
@@ -228,7 +265,7 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         cluster_nodes = source.list_node_names()
         drift["nodes_deleted"] += nodes.mark_deleted_nodes(cluster_nodes, services.SYSTEM)
         run.pods_seen, run.nodes_seen = len(pods), len(cluster_nodes)
-        state.set(RV_KEY, new_rv)
+        state.set(RESUME_KEY, resume_point(cluster, new_rv))
         state.set(LAST_FULL_KEY, str(time.time()))
     drift["nodes_stale"] += nodes.mark_stale_nodes(services.SYSTEM)
     run.drift = {k: v for k, v in drift.items() if v}

@@ -247,7 +247,8 @@ def test_extender_sidecar_listens_on_loopback_only_and_signs_with_the_shared_key
     deploy = one(docs, "Deployment", f"{RELEASE}-scheduler")
     sidecar = next(c for c in containers(deploy) if c["name"] == "extender")
     command = sidecar["command"]
-    assert command[0] == "granian" and command[-1] == "controlplane.wsgi:application"
+    assert command[:3] == ["python", "-m", "controlplane.granian_cli"]  # granian's command line
+    assert command[-1] == "controlplane.wsgi:application"
     assert {"--host=127.0.0.1", "--port=8001", "--workers=1", "--interface=wsgi"} <= set(command)
     assert "--blocking-threads=16" in command  # scheduler.extender.threads
     assert not sidecar.get("ports")
@@ -323,6 +324,21 @@ def test_webhook_keeps_idle_connections_longer_than_the_api_server() -> None:
         (Path(__file__).parents[2] / "deploy/webhook/controlplane-tls-args.yaml").read_text()
     )
     assert _keepalive_s(fragment["containers"][0]["command"]) > API_SERVER_IDLE_CONN_S
+
+
+# kube-scheduler's extender client keeps idle connections for 90 s too (the same defaults).
+SCHEDULER_IDLE_CONN_S = 90
+
+
+def test_extender_sidecar_keeps_idle_connections_longer_than_the_scheduler() -> None:
+    deploy = one(render(), "Deployment", f"{RELEASE}-scheduler")
+    sidecar = next(c for c in containers(deploy) if c["name"] == "extender")
+    timeouts = [
+        int(a.split("=", 1)[1])
+        for a in sidecar["command"]
+        if a.startswith("--http1-header-read-timeout=")
+    ]
+    assert len(timeouts) == 1 and timeouts[0] > SCHEDULER_IDLE_CONN_S * 1000, sidecar["command"]
 
 
 def test_beat_is_a_single_replica_that_never_overlaps() -> None:
@@ -424,6 +440,7 @@ AUTH_READER = ("Role", "kube-system/extension-apiserver-authentication-reader")
 WORKER_RULES = (
     ("", "pods", "get,list,watch"),
     ("", "nodes", "list"),
+    ("", "namespaces", "get", "names=kube-system"),  # the cluster's identity (its UID)
 )
 EXPECTED_RBAC = {
     "defaults": {
@@ -471,8 +488,9 @@ def effective_grants(docs: list[dict[str, Any]]) -> dict[str, set[tuple[str, ...
                             grant = (group, resource, ",".join(sorted(rule["verbs"])))
                             if ref["kind"] == "Role":
                                 grant = (*grant, ns)
+                            if "resourceNames" in rule:
+                                grant = (*grant, "names=" + ",".join(sorted(rule["resourceNames"])))
                             grants[sa].add(grant)
-                            assert "resourceNames" not in rule
             else:
                 name = f"{ns}/{ref['name']}" if ref["kind"] == "Role" else ref["name"]
                 grants[sa].add((ref["kind"], name))

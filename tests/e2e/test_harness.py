@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
+import secrets
+import signal
 import socket
 import ssl
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,8 @@ from e2e.cluster import (
     load_versions,
     processes_of_run,
     sidecar_argv,
+    sidecar_server,
+    stop_process_tree,
 )
 from tests.e2e.conftest import NODES, chart_values
 
@@ -143,12 +150,13 @@ def test_the_extender_sidecar_runs_the_deployments_command(cluster: Cluster) -> 
     found = deployed_extender_command()
     assert found is not None
     wanted = list(chart.extender_command) if chart is not None else found[0]
+    server, module, args = sidecar_server(wanted, "the manifest")
     running = Path(f"/proc/{cluster.state['components']['extender']['pid']}/cmdline")
     argv = [a for a in running.read_bytes().decode().split("\0") if a and a != "--access-log"]
-    assert argv[1:3] == ["-m", Path(wanted[0]).name]
+    assert argv[1:3] == ["-m", module]
     port = cluster.ports["extender"]
-    assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in wanted[1:]]
-    assert Path(wanted[0]).name == "granian"  # the server docs/extender.md measured
+    assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in args]
+    assert server == "granian"  # the server docs/extender.md measured
 
 
 def test_the_webhook_keeps_an_idle_connection_open(cluster: Cluster) -> None:
@@ -178,9 +186,107 @@ def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None
     assert argv[1:] == ["-m", "granian", "--host=127.0.0.1", "--port=9", "app:application"]
     argv = sidecar_argv(["gunicorn", "app", "--bind=0.0.0.0:8001"], 9, "x")
     assert argv[1:] == ["-m", "gunicorn", "app", "--bind=127.0.0.1:9"]
+    argv = sidecar_argv(["python", "-m", "controlplane.granian_cli", "--port=1", "app"], 9, "x")
+    assert argv[1:] == ["-m", "controlplane.granian_cli", "--port=9", "app"]
     with pytest.raises(HarnessError, match="x: the command \\['uvicorn'\\] is not granian"):
         sidecar_argv(["uvicorn", "--port=1", "app"], 9, "x")
+    with pytest.raises(HarnessError, match="\\['python', '-m', 'uvicorn'\\] is not granian"):
+        sidecar_argv(["python", "-m", "uvicorn", "--port=1", "app"], 9, "x")
     with pytest.raises(HarnessError, match="x: --port without =value"):
         sidecar_argv(["granian", "--port", "8001", "app"], 9, "x")
     with pytest.raises(HarnessError, match="x: the command sets no --port= or --bind="):
         sidecar_argv(["granian", "app"], 9, "x")
+
+
+# --- stopping: a component and its descendants, by pid; never a process group -----------------
+
+
+def _pid_in(path: Path, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone(pid: int, timeout: float = 5) -> bool:
+    deadline = time.monotonic() + timeout
+    while _running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _harness_without_cluster(tmp_path: Path) -> Cluster:
+    harness = Cluster(Options(run_dir=tmp_path / "run"))
+    harness.logs.mkdir(parents=True)
+    harness.state = {"run_id": secrets.token_hex(8), "ports": {}, "components": {}}
+    return harness
+
+
+# A component that starts a child (which starts one of its own), and leaves one process in its
+# process group that is not its descendant: forked by a subshell that exits at once, so it is
+# re-parented away from the component, and started without the run's id. Its process group is
+# the component's (the harness starts each component as a session and group leader), so a
+# stop by process group would end it with the rest.
+COMPONENT = """
+sh -c 'sleep 300 & echo $! > grandchild.pid; wait' &
+echo $! > child.pid
+( env -u TESSERA_E2E_RUN_ID sleep 301 & echo $! > stray.pid )
+wait
+"""
+
+
+@pytest.mark.parametrize("how", ["stop_component", "down"])
+def test_stop_ends_the_component_and_its_descendants_and_no_other_process_of_its_group(
+    tmp_path: Path, how: str
+) -> None:
+    harness = _harness_without_cluster(tmp_path)
+    harness._spawn("toy", ["/bin/sh", "-c", COMPONENT], port_names=(), cwd=tmp_path)
+    component = harness.state["components"]["toy"]["pid"]
+    child, grandchild = _pid_in(tmp_path / "child.pid"), _pid_in(tmp_path / "grandchild.pid")
+    stray = _pid_in(tmp_path / "stray.pid")
+    try:
+        assert os.getpgid(stray) == os.getpgid(component) == component
+        assert _running(stray) and _running(grandchild)
+        if how == "down":
+            harness.down(quiet=True)
+        else:
+            harness.stop_component("toy")
+        for pid in (component, child, grandchild):
+            assert _gone(pid), f"process {pid} of the component outlived its stop"
+        assert _running(stray), "a process of the group that is not the component's was stopped"
+        assert "toy" not in harness.state["components"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stray, signal.SIGKILL)
+
+
+def test_descendants_that_ignore_sigterm_are_killed_after_the_timeout_even_orphaned(
+    tmp_path: Path,
+) -> None:
+    """The component ends at once on SIGTERM; its child ignores SIGTERM and, orphaned, is no
+    longer anyone's descendant: it is still known by its pid, and killed at the deadline."""
+    (tmp_path / "deaf.sh").write_text("trap '' TERM\nsleep 300 &\necho $! > deaf.pid\nwait\n")
+    proc = subprocess.Popen(["/bin/sh", "-c", "/bin/sh deaf.sh & wait"], cwd=tmp_path)
+    deaf = _pid_in(tmp_path / "deaf.pid")
+    try:
+        started = time.monotonic()
+        assert stop_process_tree(proc.pid, timeout_s=1.0) is True
+        assert time.monotonic() - started >= 1.0
+        proc.wait(timeout=5)
+        assert _gone(deaf)
+        assert stop_process_tree(proc.pid, timeout_s=1.0) is False  # nothing left to stop
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(deaf, signal.SIGKILL)
+        proc.wait(timeout=5)

@@ -131,7 +131,13 @@ def test_a_resume_point_ahead_of_the_api_server_means_a_full_relist(cluster: Clu
     import time
 
     from controlplane.kube.real import RealClusterSource, RealKube
-    from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
+    from controlplane.reconciler.tasks import (
+        LAST_FULL_KEY,
+        RESUME_KEY,
+        LocalState,
+        resume_point,
+        run_reconcile,
+    )
 
     source = RealClusterSource(RealKube("kubeconfig", str(cluster.kubeconfig)))
     _, listed = source.list_pods()
@@ -142,7 +148,40 @@ def test_a_resume_point_ahead_of_the_api_server_means_a_full_relist(cluster: Clu
     assert list(source.watch_pods(ahead, 3)) == []  # what the check is for: silence
     assert time.monotonic() - started >= 2.5
 
-    state = LocalState({RV_KEY: ahead, LAST_FULL_KEY: str(time.time())})
+    here = source.cluster_identity()
+    state = LocalState({RESUME_KEY: resume_point(here, ahead), LAST_FULL_KEY: str(time.time())})
     run = run_reconcile(source, state, full=False)
     assert run.mode == "full" and run.drift.get("resume_point_ahead") == 1
-    assert int(state[RV_KEY]) <= int(source.current_resource_version())
+    saved = json.loads(state[RESUME_KEY])
+    assert saved["cluster"] == here
+    assert int(saved["rv"]) <= int(source.current_resource_version())
+
+
+@pytest.mark.django_db
+def test_a_resume_point_of_another_cluster_means_a_full_relist(cluster: Cluster, core: Any) -> None:
+    """Redis outlived the cluster: the saved version is another etcd's counter, possibly behind
+    this API server's, where the ahead check cannot see it. The resume point carries the UID of
+    the cluster's kube-system namespace; another UID means a relist, and the new point is this
+    cluster's."""
+    import time
+
+    from controlplane.kube.real import RealClusterSource, RealKube
+    from controlplane.reconciler.tasks import (
+        LAST_FULL_KEY,
+        RESUME_KEY,
+        LocalState,
+        resume_point,
+        run_reconcile,
+    )
+
+    source = RealClusterSource(RealKube("kubeconfig", str(cluster.kubeconfig)))
+    here = source.cluster_identity()
+    assert here and here == core.read_namespace("kube-system").metadata.uid
+    behind = source.current_resource_version()  # a version this API server has: no "ahead"
+    other = LocalState({RESUME_KEY: resume_point("uid-of-another-cluster", behind),
+                        LAST_FULL_KEY: str(time.time())})  # fmt: skip
+    run = run_reconcile(source, other, full=False)
+    assert run.mode == "full" and run.drift.get("resume_point_other_cluster") == 1
+    assert json.loads(other[RESUME_KEY])["cluster"] == here
+    again = run_reconcile(source, other, full=False)  # its own resume point now: a watch
+    assert again.mode == "watch" and "resume_point_other_cluster" not in again.drift

@@ -43,6 +43,30 @@ def test_sidecar_serves_the_extender_on_loopback_only_with_the_key_file() -> Non
     assert env["TESSERA_ALLOCATION_KEY_FILE"]
 
 
+# kube-scheduler's extender client keeps idle connections for 90 s (Go's http.DefaultTransport,
+# through k8s.io/apimachinery's SetTransportDefaults); the sidecar must not close them sooner.
+SCHEDULER_IDLE_CONN_S = 90
+
+
+def header_read_timeout_ms(command: list[str]) -> int:
+    values = [
+        int(a.split("=", 1)[1]) for a in command if a.startswith("--http1-header-read-timeout=")
+    ]
+    assert len(values) == 1, command
+    return values[0]
+
+
+def test_sidecar_keeps_idle_connections_longer_than_the_scheduler() -> None:
+    """granian closes a connection idle for its header-read timeout; its own command line caps
+    that at 60 s, so the sidecar runs it through controlplane.granian_cli (docs/extender.md)."""
+    deployment = next(d for d in docs("scheduler/deployment.yaml") if d["kind"] == "Deployment")
+    [sidecar] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "extender"]  # fmt: skip
+    command = sidecar["command"]
+    assert command[:3] == ["python", "-m", "controlplane.granian_cli"]
+    assert header_read_timeout_ms(command) > SCHEDULER_IDLE_CONN_S * 1000
+
+
 def test_webhook_configuration() -> None:
     [config] = docs("webhook/mutatingwebhookconfiguration.yaml")
     [hook] = config["webhooks"]

@@ -31,6 +31,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
 
     requests: list[tuple[str, str, Any]] = []
     binding_status = 201
+    namespace_status = 200
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -67,6 +68,13 @@ class FakeApiServer(BaseHTTPRequestHandler):
         self.requests.append(("GET", self.path, None))
         if self.path.startswith("/api/v1/namespaces/default/pods/p"):
             self._send(200, gpu_pod())
+        elif self.path.split("?")[0] == "/api/v1/namespaces/kube-system":
+            if self.namespace_status == 200:
+                namespace = {"kind": "Namespace", "metadata": {"name": "kube-system", "uid": "u-1"}}
+                self._send(200, namespace)
+            else:
+                status = self.namespace_status
+                self._send(status, {"kind": "Status", "code": status, "message": "refused"})
         else:
             self._send(404, {"kind": "Status", "code": 404, "message": "pods not found"})
 
@@ -75,6 +83,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
 def api_server():
     FakeApiServer.requests = []
     FakeApiServer.binding_status = 201
+    FakeApiServer.namespace_status = 200
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApiServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -161,6 +170,23 @@ def test_real_client_reads_pods_as_the_api_server_serves_them(api_server) -> Non
     pod = api_server.get_pod("default", "p")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert api_server.get_pod("default", "missing") is None
+
+
+def test_the_cluster_identity_is_the_uid_of_kube_system(api_server, caplog) -> None:
+    """The reconciler's resume point is tied to it (docs/reconciler.md). Without permission to
+    read the namespace: no identity and a warning naming the grant; the API server away: a
+    temporary error, retried like any other."""
+    from controlplane.kube.real import RealClusterSource
+    from controlplane.kube.sources import TemporaryError
+
+    source = RealClusterSource(api_server)
+    assert source.cluster_identity() == "u-1"
+    FakeApiServer.namespace_status = 403
+    assert source.cluster_identity() == ""
+    assert "grant get on namespaces/kube-system" in caplog.text
+    FakeApiServer.namespace_status = 503
+    with pytest.raises(TemporaryError, match="503"):
+        source.cluster_identity()
 
 
 def test_unreachable_api_server_is_a_not_applied_error() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -211,6 +212,9 @@ class Restored:
     def current_resource_version(self):
         return "50"
 
+    def cluster_identity(self):
+        return "uid-of-kube-system"
+
 
 def test_metrics_show_the_reconcilers_runs_and_drift(admin_client) -> None:
     from controlplane.reconciler.tasks import LocalState, run_reconcile
@@ -227,19 +231,105 @@ def test_metrics_show_the_reconcilers_runs_and_drift(admin_client) -> None:
 def test_a_resume_point_ahead_of_the_api_server_is_a_full_relist_not_a_silent_watch() -> None:
     import time
 
-    from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
+    from controlplane.reconciler.tasks import (
+        LAST_FULL_KEY,
+        RESUME_KEY,
+        LocalState,
+        resume_point,
+        run_reconcile,
+    )
 
     make_node("n1", cards=1, memory_mib=10000)
     gone = reserve("gone")
     PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
     source = Restored()
-    state = LocalState({RV_KEY: "900", LAST_FULL_KEY: str(time.time())})  # saved before restore
+    saved = resume_point(source.cluster_identity(), "900")  # saved before the restore
+    state = LocalState({RESUME_KEY: saved, LAST_FULL_KEY: str(time.time())})
 
     first = run_reconcile(source, state, full=False)
 
     assert first.mode == "full" and source.watched == []
     assert first.drift == {"resume_point_ahead": 1, "released_deleted": 1}
     assert PodBinding.objects.get(pk=gone.binding_id).phase == "released"
-    assert state[RV_KEY] == "50"
+    assert json.loads(state[RESUME_KEY]) == {"cluster": "uid-of-kube-system", "rv": "50"}
     second = run_reconcile(source, state, full=False)  # now a version the server has
     assert second.mode == "watch" and source.watched == ["50"]
+
+
+class Replaceable:
+    """A cluster that can be replaced under the reconciler: a new etcd, a new kube-system UID,
+    and a resourceVersion counter of its own. Like a real API server, a watch from a version
+    the store has passed long ago returns no error; from the old cluster's version it shows
+    only what happened here after that number, so everything before is never seen."""
+
+    def __init__(self) -> None:
+        self.identity, self.rv, self.pods = "uid-a", "120", [view("uid-default-keeper")]
+        self.watched: list[str] = []
+
+    def replace(self) -> None:
+        self.identity, self.rv, self.pods = "uid-b", "400", []
+
+    def list_pods(self, page_size: int = 500):
+        return list(self.pods), self.rv
+
+    def watch_pods(self, rv, timeout_s):
+        self.watched.append(rv)
+        return iter(())
+
+    def get_pod(self, namespace, name):
+        return next((p for p in self.pods if p.name == name), None)
+
+    def list_node_names(self):
+        return {"n1"}
+
+    def last_resource_version(self):
+        return self.rv
+
+    def current_resource_version(self):
+        return self.rv
+
+    def cluster_identity(self):
+        return self.identity
+
+
+def test_a_resume_point_saved_on_a_replaced_cluster_is_discarded_for_a_full_relist() -> None:
+    """Redis kept the resume point while the cluster behind the API server was replaced. Its
+    version (120) is behind the new cluster's (400), so the ahead check passes it; a watch from
+    it would miss that the pod of the binding is gone. The identity tells."""
+    import time
+
+    from controlplane.reconciler.tasks import LAST_FULL_KEY, RESUME_KEY, LocalState, run_reconcile
+
+    keeper = reserve("keeper")
+    PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
+    cluster = Replaceable()
+    state = LocalState()
+    first = run_reconcile(cluster, state, full=True)
+    assert first.mode == "full" and phase(keeper.pod_uid) != "released"
+    assert json.loads(state[RESUME_KEY]) == {"cluster": "uid-a", "rv": "120"}
+
+    cluster.replace()
+    state[LAST_FULL_KEY] = str(time.time())  # a recent relist: only the identity can tell
+    second = run_reconcile(cluster, state, full=False)
+
+    assert second.mode == "full" and cluster.watched == []
+    assert second.drift == {"resume_point_other_cluster": 1, "released_deleted": 1}
+    assert phase(keeper.pod_uid) == "released"
+    assert json.loads(state[RESUME_KEY]) == {"cluster": "uid-b", "rv": "400"}
+    third = run_reconcile(cluster, state, full=False)  # this cluster's own point: a watch
+    assert third.mode == "watch" and cluster.watched == ["400"] and third.drift == {}
+
+
+def test_a_resume_point_of_an_older_format_or_garbage_is_no_resume_point() -> None:
+    """A value without a cluster (or not JSON at all) is simply absent: one relist, not counted
+    as drift."""
+    import time
+
+    from controlplane.reconciler.tasks import LAST_FULL_KEY, RESUME_KEY, LocalState, run_reconcile
+
+    for junk in ("120", "{not json", json.dumps({"cluster": "uid-a"})):
+        cluster = Replaceable()
+        state = LocalState({RESUME_KEY: junk, LAST_FULL_KEY: str(time.time())})
+        run = run_reconcile(cluster, state, full=False)
+        assert run.mode == "full" and cluster.watched == [] and run.drift == {}, junk
+        assert json.loads(state[RESUME_KEY]) == {"cluster": "uid-a", "rv": "120"}
