@@ -19,7 +19,13 @@ from controlplane.kube.sources import PodEvent, PodView
 from controlplane.ledger.models import Card, SchedulingDecision
 from controlplane.ledger.services import nodes
 from controlplane.reconciler import tasks
-from controlplane.reconciler.tasks import LAST_FULL_KEY, RV_KEY, LocalState, run_reconcile
+from controlplane.reconciler.tasks import (
+    LAST_FULL_KEY,
+    RESUME_KEY,
+    LocalState,
+    resume_point,
+    run_reconcile,
+)
 from tests.builders import card_report, make_node
 from tests.workers import RedisServer
 
@@ -49,6 +55,9 @@ class Cluster:
 
     def current_resource_version(self):
         return "10"
+
+    def cluster_identity(self):
+        return "uid-of-kube-system"
 
 
 def pending(name: str) -> PodView:
@@ -81,7 +90,8 @@ def test_a_watch_pass_forgets_the_entries_of_deleted_pods() -> None:
         PodEvent("DELETED", pending("deleted")),
         PodEvent("MODIFIED", pending("changed")),
     )
-    state = LocalState({RV_KEY: "10", LAST_FULL_KEY: str(time.time())})
+    saved = resume_point("uid-of-kube-system", "10")
+    state = LocalState({RESUME_KEY: saved, LAST_FULL_KEY: str(time.time())})
     run = run_reconcile(Cluster(pending("changed"), events=events), state, full=False)
     assert run.mode == "watch"
     assert logged() == {"changed"}
