@@ -97,9 +97,12 @@ class Writer:
             os.rename(tmp, base)
 
     def remove(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.cdi_path(name).unlink()
+        """Everything written for `name`, the CDI spec last: while the spec exists, what it
+        points at does too, and once it is gone nothing of the name is left (a reader that sees
+        the spec gone, the runtime or a test, never meets half an allocation)."""
         shutil.rmtree(self.layout.paths_dir(name), ignore_errors=True)
         shutil.rmtree(self.layout.region_host_dir(name), ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.layout.state_dir / "owners" / f"{name}.json").unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.cdi_path(name).unlink()
