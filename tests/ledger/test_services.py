@@ -154,9 +154,7 @@ def test_failed_binding_can_be_retried_on_another_node() -> None:
     assert retried.binding_id == failed.pk and retried.node == "n2" and not retried.repeat
     row = PodBinding.objects.get(pk=retried.binding_id)
     assert row.node.name == "n2"
-    assert list(row.slices.filter(active=True).values_list("card__node__name", flat=True)) == [
-        "n2"
-    ]
+    assert list(row.slices.filter(active=True).values_list("card__node__name", flat=True)) == ["n2"]
 
 
 def test_quota_refuses_past_the_limit_and_counts_only_active_bindings() -> None:
@@ -164,9 +162,7 @@ def test_quota_refuses_past_the_limit_and_counts_only_active_bindings() -> None:
     NamespaceQuota.objects.create(namespace="team-a", gpumem_mib=5000, gpus=3)
     bindings.bind_pod(request_for("a", gpu_container(mem=3000), namespace="team-a"), "n1")
     with pytest.raises(errors.AllocationRefused) as err:
-        bindings.bind_pod(
-            request_for("b", gpu_container(mem=3000), namespace="team-a"), "n1"
-        )
+        bindings.bind_pod(request_for("b", gpu_container(mem=3000), namespace="team-a"), "n1")
     assert err.value.refusals[0].code == ReasonCode.QUOTA_EXCEEDED
     assert "team-a" in err.value.message
     # another namespace is not limited
