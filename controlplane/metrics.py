@@ -37,6 +37,11 @@ BIND_OUTCOMES = Counter(
     "Results of the extender's bind, by outcome (e.g. bound, conflict, refused, error).",
     ["outcome"],
 )
+POD_EVENTS_DROPPED = Counter(
+    "tessera_pod_events_dropped",
+    "Kubernetes Events about pods (Allocated, AllocationFailed) not written: the API server "
+    "refused them or was away, or too many were queued.",
+)
 CONFIRMATION_RETRIES = Counter(
     "tessera_confirmation_retries",
     "Batches of bind confirmations (reserved -> bound) that failed and were written again.",

@@ -482,6 +482,7 @@ TESSERA = {
     # Confirm bound reservations from a background thread in batches, off bind's path (never
     # dropped: ledger/services/confirmations.py).
     "CONFIRM_ASYNC": env_bool("TESSERA_CONFIRM_ASYNC", True),
+    "EVENTS_ASYNC": env_bool("TESSERA_EVENTS_ASYNC", True),
     # Largest extender / webhook body read (a v1.Pod plus NodeNames of a big cluster).
     "EXTENDER_MAX_BODY": env_int(
         "TESSERA_EXTENDER_MAX_BODY", 1024 * 1024, low=64 * 1024, high=64 * 1024 * 1024

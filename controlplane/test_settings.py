@@ -34,4 +34,5 @@ TESSERA = {
     "SERVE_EXTENDER": True,
     "DECISION_LOG_ASYNC": False,
     "CONFIRM_ASYNC": False,
+    "EVENTS_ASYNC": False,
 }

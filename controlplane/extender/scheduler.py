@@ -25,7 +25,7 @@ from controlplane.extender.decisions import record_bind as record_bind_outcome
 from controlplane.extender.decisions import record_bound
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
-from controlplane.kube import adapter
+from controlplane.kube import adapter, events
 from controlplane.kube.base import Kube, KubeError
 from controlplane.ledger import allocation, selectors, usage
 from controlplane.ledger.errors import AlreadyPlaced, ServiceError
@@ -231,6 +231,11 @@ def run_prioritize(args: ExtenderArgs) -> list[tuple[str, int]]:
 # --- bind ----------------------------------------------------------------------------------------
 
 
+# The reasons of the events bind records on the pod (`kubectl describe pod`).
+ALLOCATED = "Allocated"
+ALLOCATION_FAILED = "AllocationFailed"
+
+
 class BindFailed(Exception):
     """Bind did not happen; `message` is for the scheduler's Error (and the pod's events)."""
 
@@ -275,11 +280,13 @@ def run_bind(args: BindingArgs) -> BindAnswer:
     try:
         reservation = bindings.bind_pod(request, args.node)
     except AlreadyPlaced as exc:
+        _tell_failed(args, exc.message)
         raise BindFailed(exc.message, "conflict") from None
     except ServiceError as exc:
         record_bind_outcome(
             args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, exc.message
         )
+        _tell_failed(args, exc.message)
         raise BindFailed(exc.message, "refused") from None
     if reservation.repeat and reservation.phase != PodBinding.Phase.RESERVED:
         return BindAnswer("already_bound", reservation)  # bound before: no second Binding
@@ -304,12 +311,41 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         record_bind_outcome(
             args.pod_uid, args.namespace, args.pod_name, Outcome.BIND_FAILED, message
         )
+        _tell_failed(args, message)
         raise BindFailed(message, "apiserver_error")
 
     confirm_later(args.pod_uid, timezone.now())
     # "why" reads the binding itself, so the filter's held decision is dropped unwritten.
     record_bound(args.pod_uid)
+    events.record(
+        args.namespace, args.pod_name, args.pod_uid, ALLOCATED, allocated_message(reservation)
+    )
     return BindAnswer("bound", reservation)
+
+
+def allocated_message(reservation: Reservation) -> str:
+    """What the pod got, for its `Allocated` event: per container its cards, memory, compute.
+
+    "node n1: warmup (init): card 0 GPU-1a2b 2000 MiB 30% compute; app: card 1 ...", init
+    containers first, each container's cards in the order it sees them.
+    """
+    containers = sorted(reservation.containers(), key=lambda c: (not c.init, c.index))
+    said = []
+    for c in containers:
+        cards = ", ".join(
+            f"card {d.card_index} {d.uuid} {d.memory_mib} MiB "
+            + (f"{d.cores}% compute" if d.cores else "compute not limited")
+            for d in allocation.in_visible_order(c.devices)
+        )
+        said.append(f"{c.name}{' (init)' if c.init else ''}: {cards}")
+    return f"node {reservation.node}: {'; '.join(said)}"
+
+
+def _tell_failed(args: BindingArgs, message: str) -> None:
+    events.record(
+        args.namespace, args.pod_name, args.pod_uid, ALLOCATION_FAILED,
+        f"node {args.node}: {message}", events.WARNING,
+    )  # fmt: skip
 
 
 def _bound_as_asked(kube: Kube, args: BindingArgs, annotations: dict[str, str]) -> bool | None:

@@ -82,6 +82,9 @@ class Kube(Protocol):
     def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
         """Changes after `cursor` (None: from now), for up to `timeout_s` seconds."""
 
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """Create a core/v1 Event (`controlplane.kube.events`). Raises KubeError."""
+
 
 # --- API time accounting -------------------------------------------------------------------------
 

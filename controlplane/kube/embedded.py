@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from controlplane.kube.base import KubeError, WatchEvent, timed
 from controlplane.kube.models import EmbeddedPod, EmbeddedPodEvent
 from controlplane.kube.sources import PodEvent, pod_view
 from controlplane.ledger.selectors import node_names
+
+log = logging.getLogger(__name__)
 
 
 def _now_rfc3339() -> str:
@@ -207,6 +210,13 @@ class EmbeddedKube:
             )
             row.node_name = node
             row.store()
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        # No kubectl reads the stand-in's events: the log is where the demo tells them.
+        log.info(
+            "event %s %s on pod %s/%s: %s", event.get("type"), event.get("reason"), namespace,
+            event.get("involvedObject", {}).get("name"), event.get("message"),
+        )  # fmt: skip
 
     def watch_pods(self, cursor: str | None, timeout_s: float) -> Iterator[WatchEvent]:
         """Watch by polling the event table (every 50 ms) until `timeout_s` passes."""

@@ -317,6 +317,15 @@ class RealKube:
             except Exception as exc:  # translated
                 raise self._error(exc, f"bind pod {namespace}/{name} to {node}") from exc
 
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        with timed():
+            try:
+                self._request(
+                    "POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, event
+                )
+            except Exception as exc:  # translated
+                raise self._error(exc, f"create event in {namespace}") from exc
+
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""
         body = {

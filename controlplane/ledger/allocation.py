@@ -161,11 +161,16 @@ def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
     ]
 
 
+def in_visible_order(devices: Iterable[Device]) -> list[Device]:
+    """A container's cards in the order it sees them (CUDA_VISIBLE_DEVICES): by card index."""
+    return sorted(devices, key=lambda d: (d.card_index, d.uuid))
+
+
 def _container(c: ContainerAllocation) -> dict[str, Any]:
     out: dict[str, Any] = {
         "devices": [
             {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
-            for d in sorted(c.devices, key=lambda d: (d.card_index, d.uuid))
+            for d in in_visible_order(c.devices)
         ],
         "index": c.index,
         "init": c.init,

@@ -169,6 +169,7 @@ CLUSTER = {"namespace": ""}
 DEFAULT_MATRIX = [
     ("scheduler", "create", "pods", {"subresource": "binding"}, True),
     ("scheduler", "get", "pods", {}, True),
+    ("scheduler", "create", "events", {}, True),  # the pod's Allocated/AllocationFailed
     ("scheduler", "list", "nodes", CLUSTER, True),
     ("scheduler", "get", "configmaps", AUTH_CONFIGMAP, True),
     ("scheduler", "create", "pods", {}, False),

@@ -9,6 +9,7 @@ the pod. What cannot fit stays Pending and the control plane says why.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -98,6 +99,19 @@ def test_a_slice_pod_is_admitted_scheduled_bound_and_runs(
     [device] = container["devices"]
     assert device["memory_mib"] == 10000 and device["cores"] == 30
     assert device["uuid"].startswith(f"GPU-{pod.spec.node_name}-")
+
+    # `kubectl describe pod` tells what the pod got: an event from the extender's bind.
+    def allocated() -> list[Any]:
+        listed = core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.uid={pod.metadata.uid}"
+        ).items
+        return [e for e in listed if e.reason == "Allocated"]
+
+    [event] = objects.wait_for(allocated, timeout=30, what="the pod's Allocated event")
+    assert (event.type, event.source.component) == ("Normal", "tessera-extender")
+    assert event.involved_object.kind == "Pod" and event.involved_object.name == "trainer"
+    said = re.fullmatch(r"node (\S+): app: card \d+ (\S+) 10000 MiB 30% compute", event.message)
+    assert said and said.groups() == (pod.spec.node_name, device["uuid"]), event.message
 
     # The node plugin's view of the same record, with the node's own identity.
     node_api = tessera.with_token(node_tokens[pod.spec.node_name])

@@ -41,6 +41,7 @@ class FakeKube:
         self.get_calls = 0
         self.fail_bind: Callable[[], None] | None = None
         self.fail_get: Callable[[], None] | None = None
+        self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +88,9 @@ class FakeKube:
 
     def watch_pods(self, cursor, timeout_s):
         return iter(())
+
+    def create_event(self, namespace, event) -> None:
+        self.events.append(copy.deepcopy(event))
 
 
 @pytest.fixture

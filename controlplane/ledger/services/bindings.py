@@ -70,15 +70,19 @@ class Reservation:
         """The room the pod takes on each card (init containers at their peak)."""
         return claims_per_card(a.to_claim() for a in self.assignments)
 
-    def allocation(self) -> dict[str, Any]:
-        """The signed record's content (docs/allocation.md)."""
+    def containers(self) -> list[allocation.ContainerAllocation]:
+        """Per container, the slices it holds."""
         rows = (
             (a.container_name, a.container_index, a.init, a.card_uuid,
              self.card_indexes[a.card_uuid], a.memory_mib, a.cores, a.sidecar, a.priority)
             for a in self.assignments
         )  # fmt: skip
+        return allocation.containers_of(rows)
+
+    def allocation(self) -> dict[str, Any]:
+        """The signed record's content (docs/allocation.md)."""
         return allocation.allocation_record(
-            self.pod_uid, self.namespace, self.name, self.node, allocation.containers_of(rows)
+            self.pod_uid, self.namespace, self.name, self.node, self.containers()
         )
 
 
