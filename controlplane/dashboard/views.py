@@ -21,6 +21,7 @@ from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
 from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
+from controlplane.dashboard.looks import namespace_looks
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons
@@ -78,6 +79,7 @@ def nodes(request: HttpRequest) -> HttpResponse:
         "state": state,
         "states": selectors.NODE_FILTERS,
         "namespaces": namespaces,
+        "ns_looks": namespace_looks(namespaces),
         "poll": POLL_SECONDS,
     }
     template = "dashboard/_nodes_live.html" if _fragment(request) else "dashboard/nodes.html"
@@ -90,7 +92,8 @@ def node(request: HttpRequest, name: str) -> HttpResponse:
     view = selectors.node_detail(name)
     if view is None:
         raise Http404(f"no node {name}")
-    context = {"node": view, "poll": POLL_SECONDS}
+    looks = namespace_looks(s.namespace for c in view.cards for s in c.slices)
+    context = {"node": view, "ns_looks": looks, "poll": POLL_SECONDS}
     template = "dashboard/_node_live.html" if _fragment(request) else "dashboard/node.html"
     return render(request, template, context)
 
@@ -129,7 +132,8 @@ def card(request: HttpRequest, uuid: str) -> HttpResponse:
     detail = selectors.card_detail(uuid)
     if detail is None:
         raise Http404(f"no card {uuid}")
-    context = {"detail": detail, "card": detail.card, "poll": POLL_SECONDS}
+    looks = namespace_looks(s.namespace for s in detail.card.slices)
+    context = {"detail": detail, "card": detail.card, "ns_looks": looks, "poll": POLL_SECONDS}
     template = "dashboard/_card_live.html" if _fragment(request) else "dashboard/card.html"
     return render(request, template, context)
 

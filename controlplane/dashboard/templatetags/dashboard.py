@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from functools import cache
 from html import escape  # the same five characters as Django's escape, without its lazy wrapper
 from typing import Any
@@ -13,11 +12,9 @@ from django.http import QueryDict
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
-register = template.Library()
+from controlplane.dashboard.looks import look_class, preferred_look
 
-# Eight hues that stay distinguishable for the common colour-vision deficiencies (Okabe-Ito
-# order, darkened where white text sits on them); a namespace keeps its hue across pages.
-SLICE_PALETTE = 8
+register = template.Library()
 
 
 @register.filter
@@ -54,10 +51,11 @@ def level(value: float | None) -> str:
     return "full" if value >= 90 else "warn" if value >= 75 else "ok"
 
 
-@register.filter
-def hue(namespace: str) -> int:
-    """A stable palette index for a namespace."""
-    return zlib.crc32(namespace.encode("utf-8")) % SLICE_PALETTE
+@register.simple_tag(takes_context=True)
+def ns_look(context: dict[str, Any], namespace: str) -> str:
+    """The CSS classes of a namespace's colour on this screen (`ns_looks` of the view)."""
+    looks = context.get("ns_looks") or {}
+    return look_class(looks.get(namespace, preferred_look(namespace)))
 
 
 @register.simple_tag(takes_context=True)
@@ -98,8 +96,8 @@ def _card_url_prefix() -> str:
     return reverse("dashboard:card", args=["x"])[: -len("x/")]
 
 
-@register.simple_tag
-def card_bar(card: Any) -> SafeString:
+@register.simple_tag(takes_context=True)
+def card_bar(context: dict[str, Any], card: Any) -> SafeString:
     """A card's row: name, model, state, and memory and compute bars split into slices.
 
     Built in Python rather than with an included template: the nodes page draws 400 of these,
@@ -112,9 +110,11 @@ def card_bar(card: Any) -> SafeString:
     short_model = escape(card.model if len(card.model) <= 26 else card.model[:25] + "\u2026")
     memory_segments = []
     compute_segments = []
+    looks = context.get("ns_looks") or {}
     for s in card.slices:
         ns, pod_name, container = escape(s.namespace), escape(s.pod), escape(s.container)
-        css = f"seg h{hue(s.namespace)}{' init' if s.init else ''}"
+        look = looks.get(s.namespace, preferred_look(s.namespace))
+        css = f"seg {look_class(look)}{' init' if s.init else ''}"
         init = " (init)" if s.init else ""
         memory_segments.append(
             f'<span class="{css}" data-width="{clamp100(s.memory_share)}" '
