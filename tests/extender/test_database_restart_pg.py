@@ -1,0 +1,69 @@
+"""A PostgreSQL restart or failover ends every connection the control plane keeps open.
+
+Django keeps a connection per thread between requests (CONN_MAX_AGE); the request after the
+server ended it must be served on a new connection, not answered 500 on the dead one: for the
+webhook that 500 refuses a pod (failurePolicy Fail), for the extender it fails a scheduling
+cycle, for people it is an error page. Requests go through controlplane.wsgi.application with
+Django's request signals, as gunicorn and granian run them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import close_old_connections, connection, connections
+
+from controlplane.access.roles import Role
+from controlplane.access.services import create_token
+from tests.builders import make_node, using_postgres
+from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.test_fastpath import call
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not using_postgres(), reason="needs DATABASE_URL=postgres://... (make test runs it)"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connection():
+    """Each test starts and ends with this thread's connection closed as a server leaves it."""
+    close_old_connections()
+    yield
+    connection.close()
+
+
+def end_this_threads_connection() -> None:
+    """What a restart does to the connection this thread keeps: the server ends it. (Its pid
+    is read from the driver: a query through Django would be this thread's next use of it.)"""
+    assert connection.connection is not None, "the request left no connection open"
+    pid = connection.connection.info.backend_pid
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+
+
+def test_the_rest_api_answers_on_a_new_connection_after_the_server_ended_the_old_one() -> None:
+    token = create_token("vera", Role.VIEWER)
+    headers = {"AUTHORIZATION": f"Bearer {token}"}
+    status, _, _ = call("/api/v1/pods/default/p/why", method="GET", headers=headers)
+    assert status.startswith("404")  # served: no such pod
+    end_this_threads_connection()
+    status, _, body = call("/api/v1/pods/default/p/why", method="GET", headers=headers)
+    assert status.startswith("404"), (status, body[:300])
+
+
+def test_the_extender_answers_on_a_new_connection_after_the_server_ended_the_old_one() -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    status, _, body = call("/scheduler/filter", filter_args(gpu_pod("p"), ["n1"]))
+    assert status.startswith("200") and json.loads(body)["NodeNames"] == ["n1"], body
+    end_this_threads_connection()
+    status, _, body = call("/scheduler/filter", filter_args(gpu_pod("q"), ["n1"]))
+    assert status.startswith("200") and json.loads(body)["NodeNames"] == ["n1"], body
