@@ -4,7 +4,8 @@ Django keeps a connection per thread between requests (CONN_MAX_AGE); the reques
 server ended it must be served on a new connection, not answered 500 on the dead one: for the
 webhook that 500 refuses a pod (failurePolicy Fail), for the extender it fails a scheduling
 cycle, for people it is an error page. Requests go through controlplane.wsgi.application with
-Django's request signals, as gunicorn and granian run them.
+Django's request signals, as gunicorn and granian run them. The decision log's writer thread,
+which serves no requests, keeps a connection of its own and must not lose a batch on it either.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from django.db import close_old_connections, connection, connections
 
 from controlplane.access.roles import Role
 from controlplane.access.services import create_token
+from controlplane.extender import decisions
+from controlplane.ledger.models import SchedulingDecision
+from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, using_postgres
 from tests.extender.builders import filter_args, gpu_pod
 from tests.extender.test_fastpath import call
@@ -67,3 +71,32 @@ def test_the_extender_answers_on_a_new_connection_after_the_server_ended_the_old
     end_this_threads_connection()
     status, _, body = call("/scheduler/filter", filter_args(gpu_pod("q"), ["n1"]))
     assert status.startswith("200") and json.loads(body)["NodeNames"] == ["n1"], body
+
+
+def unschedulable(name: str) -> DecisionRecord:
+    return DecisionRecord(
+        f"uid-{name}", "default", name, Outcome.UNSCHEDULABLE, "0 of 1 nodes can hold it.",
+        [], {"n1": "no room"}, {"InsufficientMemory": 1}, 1,
+    )  # fmt: skip
+
+
+def test_the_decision_log_writes_its_next_batch_on_a_new_connection(settings) -> None:
+    # Its own thread keeps its own connection between batches; a batch that failed on a dead
+    # one would be dropped, and the pods it named would have no "why" until filtered again
+    # (minutes, for a pod the scheduler has set aside as unschedulable).
+    settings.TESSERA = {**settings.TESSERA, "DECISION_LOG_ASYNC": True}
+    try:
+        decisions.record(unschedulable("before"))
+        decisions.writer.flush()
+        assert SchedulingDecision.objects.filter(name="before").exists()
+        with connection.cursor() as cursor:  # the writer's connection: the other one here
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchall(), "the writer holds no connection of its own"
+        decisions.record(unschedulable("after"))
+        decisions.writer.flush()
+        assert SchedulingDecision.objects.filter(name="after").exists()
+    finally:
+        decisions.writer.stop()
