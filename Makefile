@@ -13,10 +13,14 @@ export TESSERA_LOCAL_DIR ?= $(CURDIR)/.local
 # chart: renamed resources and scheduler, so the pass differs from the default one.
 E2E_CHART_VALUES ?= values-resources.yaml
 
+# The chaos run's size and seed (`make chaos PODS=500 SEED=42`; empty SEED: a new one).
+PODS ?= 2000
+SEED ?=
+
 # Where `make push` sends the images (host[:port][/path]); see docs/operator-guide.md.
 REGISTRY ?=
 
-.PHONY: help venv images push run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+.PHONY: help venv images push run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e chaos test-python test-sqlite test-postgres check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
@@ -26,6 +30,7 @@ help:
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
 	@echo "make e2e-chart  the real-cluster suite with the control plane configured from the Helm chart"
 	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera"
+	@echo "make chaos   2,000 GPU pods while every part of the cluster is killed or restarted (PODS=, SEED=)"
 	@echo "make images  the OCI images (control plane, node plugin; test and pause images) under .cache/images/"
 	@echo "make images push REGISTRY=host:port  build and push the control plane and node plugin images"
 
@@ -88,7 +93,9 @@ test-python: venv
 	echo "== e2e with the control plane configured from the Helm chart ($(E2E_CHART_VALUES))" && \
 	env -u DATABASE_URL TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
-	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender
+	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender && \
+	echo "== chaos: $(PODS) GPU pods while the cluster's parts are killed and restarted (docs/e2e.md)" && \
+	TESSERA_CHAOS_PODS=$(PODS) TESSERA_CHAOS_SEED=$(SEED) $(PY) -m pytest -m chaos tests/chaos
 
 # The Helm chart: lint/template with the real helm, and install on a real kube-apiserver.
 test-deploy: venv
@@ -113,6 +120,12 @@ e2e: venv
 e2e-chart: venv
 	@eval "$$(scripts/services.sh up)" && \
 	TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e
+
+# The chaos run (docs/e2e.md, "Chaos"): PODS GPU pods while every part of the cluster is killed
+# or restarted at moments drawn from SEED (default: a new one, printed; the same seed replays
+# the same run). Its own PostgreSQL and Redis; `make test` runs it once too.
+chaos: venv
+	$(PY) -m e2e.chaos --pods $(PODS) $(if $(SEED),--seed $(SEED))
 
 bench-e2e: venv
 	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py --database-url "$$TEST_POSTGRES_URL"

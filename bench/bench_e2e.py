@@ -31,7 +31,6 @@ the same share of early and late. `--rounds 1` runs each set-up once, as before.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,7 +40,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 
@@ -50,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_extender import ScratchDatabase, settings_from
 from e2e import objects
 from e2e.cluster import ROOT, Cluster, HarnessError, Options, run_folder
+from e2e.objects import Api
 
 
 @dataclass
@@ -97,36 +96,6 @@ def combine(label: str, rounds: list[Result]) -> Result:
     )
 
 
-class Api:
-    """Raw JSON against the API server with the harness's admin certificate, per thread."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.base = cluster.apiserver_url
-        self.cert = (str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
-        self.ca = str(cluster.pki / "ca.crt")
-        self.local = threading.local()
-
-    def session(self) -> requests.Session:
-        session = getattr(self.local, "session", None)
-        if session is None:
-            session = requests.Session()
-            session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the harness's CA
-            session.cert, session.verify = self.cert, self.ca
-            self.local.session = session
-        return session
-
-    def post(self, path: str, body: Any, ok: tuple[int, ...] = (200, 201)) -> Any:
-        resp = self.session().post(f"{self.base}{path}", json=body, timeout=60)
-        if resp.status_code not in ok:
-            raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text[:500]}")
-        return resp.json()
-
-    def get(self, path: str) -> Any:
-        resp = self.session().get(f"{self.base}{path}", timeout=60)
-        resp.raise_for_status()
-        return resp.json()
-
-
 def setup_nodes(cluster: Cluster, api: Api, nodes: int, cards: int, workers: int) -> None:
     names = [f"kwok-gpu-{i:04d}" for i in range(nodes)]
     tessera = objects.Tessera(cluster.controlplane_url, cluster.admin_token)
@@ -161,28 +130,18 @@ def watch_bindings(
     api: Api, namespace: str, resource_version: str, bound: dict[str, float], stop: threading.Event
 ) -> None:
     path = (
-        f"{api.base}/api/v1/namespaces/{namespace}/pods?watch=true"
+        f"/api/v1/namespaces/{namespace}/pods?watch=true"
         f"&resourceVersion={resource_version}&timeoutSeconds=3600"
     )
     try:
-        _follow(api, path, bound, stop)
-    except requests.RequestException:
-        if not stop.is_set():
-            raise  # the watch broke mid-phase: the figures would be wrong
-
-
-def _follow(api: Api, path: str, bound: dict[str, float], stop: threading.Event) -> None:
-    with api.session().get(path, stream=True, timeout=(10, 3600)) as resp:
-        for line in resp.iter_lines():
-            if stop.is_set():
-                return
-            if not line:
-                continue
-            event = json.loads(line)
+        for event in api.events(path, stop, timeout=(10, 3600)):
             pod = event.get("object", {})
             name = pod.get("metadata", {}).get("name")
             if name and pod.get("spec", {}).get("nodeName") and name not in bound:
                 bound[name] = time.monotonic()
+    except requests.RequestException:
+        if not stop.is_set():
+            raise  # the watch broke mid-phase: the figures would be wrong
 
 
 def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:

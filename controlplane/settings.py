@@ -191,7 +191,13 @@ if DATABASE_URL.split(":", 1)[0] not in {"sqlite", "postgres", "postgresql", "pg
         f"DATABASE_URL scheme {DATABASE_URL.split(':', 1)[0]!r} is not supported: "
         "use sqlite:///path or postgres://user:password@host:port/name"
     )
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+# Connections are kept for a minute between requests, and checked (one `SELECT 1`) before a
+# request reuses one: a database restart or failover ends them all, and without the check each
+# thread's next request would fail on its dead connection (a webhook refusal, a failed scheduling
+# cycle, an error page) before Django noticed and opened a new one.
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several threads/processes (gunicorn workers, the demo) share the file: wait for locks
     # instead of failing at once, and take the write lock at BEGIN so lock -> recompute -> commit

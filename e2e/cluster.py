@@ -35,6 +35,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -80,6 +81,8 @@ STOP_ORDER = (
     "noop-extender",
     "extender",
     "celery",
+    "celery-worker",
+    "celery-beat",
     "webhook",
     "controlplane",
     "kube-apiserver",
@@ -294,12 +297,13 @@ def processes_of_run(run_id: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             pid = int(entry.name)
-            if _environ_has(pid, marker) and not _is_zombie(pid):
+            if _environ_has(pid, marker) and not ended(pid):
                 found.append(pid)
     return found
 
 
-def _is_zombie(pid: int) -> bool:
+def ended(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie its parent has not reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -341,6 +345,19 @@ class Options:
     access_log: bool = True
     controlplane_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 90.0
+    # Control-plane replicas: each one a pod of two gunicorns (the REST API and the webhook's
+    # TLS listener), all on one database. With more than one, the replicas of each listener
+    # share its port (SO_REUSEPORT: the kernel spreads new connections over the live ones, as
+    # a Service spreads them over its pods) and each also listens on a port of its own, which
+    # its readiness probe asks.
+    replicas: int = 1
+    # The control plane's database and Redis (default: TESSERA_E2E_DATABASE_URL or SQLite in
+    # the run folder; TESSERA_E2E_REDIS_URL, REDIS_URL or scripts/services.sh).
+    database_url: str = ""
+    redis_url: str = ""
+    # The reconciler as production runs it, a worker and a beat process (components
+    # celery-worker and celery-beat), instead of one `worker --beat` (component celery).
+    separate_beat: bool = False
     # Chart mode (e2e/chart.py): the control plane's env, kube-scheduler's profile and extender
     # and the webhook registration from the rendered Helm chart instead of the harness's own.
     chart: ChartConfig | None = None
@@ -355,6 +372,9 @@ class Cluster:
         self.state_file = self.run_dir / "state.json"
         self.state: dict[str, Any] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Components may be stopped and started from several threads at once (the chaos run's
+        # faults): the table of components and state.json change under this lock.
+        self._lock = threading.RLock()
 
     # -- paths and clients -------------------------------------------------------------------
     @property
@@ -432,15 +452,18 @@ class Cluster:
         return True
 
     def _save_state(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
-        tmp.replace(self.state_file)
+        with self._lock:
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.state, indent=2))
+            tmp.replace(self.state_file)
 
     def alive(self) -> dict[str, bool]:
         marker = f"{RUN_ID_ENV}={self.state.get('run_id', '')}".encode()
+        with self._lock:
+            components = dict(self.state.get("components", {}))
         return {
-            name: _environ_has(info["pid"], marker) and not _is_zombie(info["pid"])
-            for name, info in self.state.get("components", {}).items()
+            name: _environ_has(info["pid"], marker) and not ended(info["pid"])
+            for name, info in components.items()
         }
 
     # -- up ----------------------------------------------------------------------------------
@@ -471,10 +494,11 @@ class Cluster:
             shutil.rmtree(self.run_dir)
         self.logs.mkdir(parents=True)
         taken: set[int] = set(self.options.ports.values())
-        ports = {name: self.options.ports.get(name) or free_port(taken) for name in PORT_NAMES}
-        unknown = set(self.options.ports) - set(PORT_NAMES)
+        names = (*PORT_NAMES, *self._replica_port_names())
+        ports = {name: self.options.ports.get(name) or free_port(taken) for name in names}
+        unknown = set(self.options.ports) - set(names)
         if unknown:
-            raise HarnessError(f"unknown port names {sorted(unknown)}; known: {PORT_NAMES}")
+            raise HarnessError(f"unknown port names {sorted(unknown)}; known: {names}")
         self.state = {
             "run_id": secrets.token_hex(8),
             "run_dir": str(self.run_dir),
@@ -500,7 +524,7 @@ class Cluster:
         self._start_etcd(binaries["etcd"])
         self._start_apiserver(binaries["kube-apiserver"])
         self._start_controlplane()
-        self._start_extender()
+        self.start_extender()
         self._register_webhook()
         self._start_celery()
         self.start_scheduler(binaries["kube-scheduler"])
@@ -514,9 +538,13 @@ class Cluster:
         port_names: tuple[str, ...],
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
+        shared: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
+        """Start a component. `shared`: those of its ports that other live components listen
+        on too (SO_REUSEPORT), so not checked free."""
         for port_name in port_names:
-            ensure_port_free(name, self.ports[port_name])
+            if port_name not in shared:
+                ensure_port_free(name, self.ports[port_name])
         binary = Path(argv[0])
         if not binary.is_file() or not os.access(binary, os.X_OK):
             raise HarnessError(
@@ -537,14 +565,15 @@ class Cluster:
                 # cluster `e2e-up` left running. Stopped by pid and descendants, not by group.
                 start_new_session=True,
             )
-        self._procs[name] = proc
-        self.state["components"][name] = {
-            "pid": proc.pid,
-            "log": str(log_path),
-            "ports": {p: self.ports[p] for p in port_names},
-            "argv": argv,
-        }
-        self._save_state()
+        with self._lock:
+            self._procs[name] = proc
+            self.state["components"][name] = {
+                "pid": proc.pid,
+                "log": str(log_path),
+                "ports": {p: self.ports[p] for p in port_names},
+                "argv": argv,
+            }
+            self._save_state()
         return proc
 
     def _wait_ready(self, name: str, probe: Callable[[], bool], what: str) -> None:
@@ -651,14 +680,15 @@ class Cluster:
         )
 
     def _redis_url(self) -> str:
-        """Redis for Celery: TESSERA_E2E_REDIS_URL, else REDIS_URL, else scripts/services.sh.
+        """Redis for Celery: `Options.redis_url`, else TESSERA_E2E_REDIS_URL, else REDIS_URL,
+        else scripts/services.sh.
 
         The run gets a database index of its own, so its queue and locks never meet those of
         the other tests (or of a second harness run) on the same Redis.
         """
         if "redis_url" in self.state:
             return str(self.state["redis_url"])
-        url = os.environ.get("TESSERA_E2E_REDIS_URL", "")
+        url = self.options.redis_url or os.environ.get("TESSERA_E2E_REDIS_URL", "")
         if not url:
             base = os.environ.get("REDIS_URL", "")
             if not base:
@@ -694,7 +724,8 @@ class Cluster:
             "TESSERA_ENV": "dev",
             "TESSERA_LOCAL_DIR": str(self.run_dir / "controlplane"),
             # The harness's own database: SQLite in the run folder unless one is given.
-            "DATABASE_URL": os.environ.get("TESSERA_E2E_DATABASE_URL", ""),
+            "DATABASE_URL": self.options.database_url
+            or os.environ.get("TESSERA_E2E_DATABASE_URL", ""),
             "TESSERA_KUBE_MODE": "kubeconfig",
             "KUBECONFIG": str(self.kubeconfig),
             "TESSERA_SERVE_EXTENDER": "1",
@@ -768,6 +799,30 @@ class Cluster:
             "createtoken", "e2e-admin", "--role", "admin", "--label", "e2e harness"
         ).strip()
         self._save_state()
+        for replica in range(1, self.options.replicas + 1):
+            self.start_replica(replica)
+
+    def _replica_port_names(self) -> tuple[str, ...]:
+        """Each replica's own ports (its readiness probes'), when there is more than one."""
+        if self.options.replicas <= 1:
+            return ()
+        return tuple(
+            f"{listener}-{replica}"
+            for replica in range(1, self.options.replicas + 1)
+            for listener in ("controlplane", "webhook")
+        )
+
+    @staticmethod
+    def replica_components(replica: int) -> tuple[str, str]:
+        """The components of control-plane replica `replica` (from 1): its REST API and its
+        webhook listener (the first replica's keep the names of a single one)."""
+        suffix = "" if replica == 1 else f"-{replica}"
+        return f"controlplane{suffix}", f"webhook{suffix}"
+
+    def start_replica(self, replica: int) -> None:
+        """Start control-plane replica `replica` (from 1): the REST API's gunicorn and the
+        webhook's, and wait until both answer /readyz."""
+        app, hook = self.replica_components(replica)
         env = self._controlplane_env()
         common = [
             sys.executable,
@@ -781,28 +836,39 @@ class Cluster:
         ]
         if self.options.access_log:
             common += ["--access-logfile", "-"]
+        several = self.options.replicas > 1
+
+        def listeners(name: str) -> tuple[list[str], tuple[str, ...], tuple[str, ...], int]:
+            """(bind arguments, port names, the shared ones among them, the probe's port)."""
+            if not several:
+                return ["--bind", f"127.0.0.1:{self.ports[name]}"], (name,), (), self.ports[name]
+            own = f"{name}-{replica}"
+            others = [
+                c for r in range(1, self.options.replicas + 1) if r != replica
+                for c in self.replica_components(r)
+            ]  # fmt: skip
+            alive = self.alive()
+            shared = (name,) if any(alive.get(c) for c in others) else ()
+            argv = ["--reuse-port", "--bind", f"127.0.0.1:{self.ports[name]}",
+                    "--bind", f"127.0.0.1:{self.ports[own]}"]  # fmt: skip
+            return argv, (name, own), shared, self.ports[own]
+
+        bind, port_names, shared, app_port = listeners("controlplane")
         self._spawn(
-            "controlplane",
-            [
-                *common,
-                "--bind",
-                f"127.0.0.1:{self.ports['controlplane']}",
-                "--workers",
-                "1",
-                "--threads",
-                "8",
-            ],
-            port_names=("controlplane",),
+            app,
+            [*common, *bind, "--workers", "1", "--threads", "8"],
+            port_names=port_names,
+            shared=shared,
             env=env,
         )
         # The API server calls admission webhooks over HTTPS only: a second listener with the
         # harness's webhook certificate, same code and database.
+        bind, port_names, shared, hook_port = listeners("webhook")
         self._spawn(
-            "webhook",
+            hook,
             [
                 *common,
-                "--bind",
-                f"127.0.0.1:{self.ports['webhook']}",
+                *bind,
                 "--certfile",
                 str(self.pki / "webhook.crt"),
                 "--keyfile",
@@ -814,30 +880,25 @@ class Cluster:
                 "--keep-alive",
                 str(self.options.webhook_keepalive_s),
             ],
-            port_names=("webhook",),
+            port_names=port_names,
+            shared=shared,
             env=env,
         )
         ok_json: Callable[[bytes], bool] = lambda b: b'"ok"' in b  # noqa: E731
-        self._wait_ready(
-            "controlplane",
-            lambda: _http_ok(f"{self.controlplane_url}/readyz", None, ok_json),
-            f"GET {self.controlplane_url}/readyz",
-        )
+        app_url = f"http://127.0.0.1:{app_port}/readyz"
+        self._wait_ready(app, lambda: _http_ok(app_url, None, ok_json), f"GET {app_url}")
         ca = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        self._wait_ready(
-            "webhook",
-            lambda: _http_ok(f"{self.webhook_url}/readyz", ca, ok_json),
-            f"GET {self.webhook_url}/readyz",
-        )
+        hook_url = f"https://127.0.0.1:{hook_port}/readyz"
+        self._wait_ready(hook, lambda: _http_ok(hook_url, ca, ok_json), f"GET {hook_url}")
 
     def restart_extender(self, env: dict[str, str], checkout: Path = ROOT) -> None:
         """Run the extender sidecar again with these settings over the control plane's, and the
         code of `checkout` (another clone of the project), so a bench can compare two settings
         or two versions of it side by side on one cluster."""
         self.stop_component("extender")
-        self._start_extender(env, checkout)
+        self.start_extender(env, checkout)
 
-    def _start_extender(self, env: dict[str, str] | None = None, checkout: Path = ROOT) -> None:
+    def start_extender(self, env: dict[str, str] | None = None, checkout: Path = ROOT) -> None:
         """The scheduler's extender sidecar, with the command the deployment gives it."""
         chart = self.options.chart
         if chart is not None:
@@ -978,7 +1039,25 @@ class Cluster:
         import redis
 
         redis.Redis.from_url(self._redis_url()).flushdb()
-        self.start_celery()
+        if self.options.separate_beat:
+            self.start_celery("celery-worker", self.celery_args("worker"))
+            self.start_celery("celery-beat", self.celery_args("beat"))
+        else:
+            self.start_celery()
+
+    def celery_args(self, role: str) -> list[str]:
+        """`celery -A controlplane.celery` arguments of the run's reconciler: `worker` and
+        `beat` as their two Deployments run them, or `worker --beat` in one process."""
+        if role == "beat":
+            schedule = self.run_dir / "celerybeat-schedule"
+            return ["beat", "--loglevel=INFO", f"--schedule={schedule}"]
+        args = [
+            "worker",
+            "--loglevel=INFO",
+            "--concurrency=2",
+            f"--hostname=e2e-{self.state['run_id']}@%h",
+        ]
+        return [*args, "--beat"] if role == "worker --beat" else args
 
     def start_celery(
         self,
@@ -990,13 +1069,7 @@ class Cluster:
         """A Celery process with the control plane's settings (its database, this API server):
         by default the run's own `worker --beat`. Tests start more (`args`, a Redis of their own
         in `env`) and stop them with `stop_component(name)`; `down` stops them all."""
-        args = args or [
-            "worker",
-            "--beat",
-            "--loglevel=INFO",
-            "--concurrency=2",
-            f"--hostname=e2e-{self.state['run_id']}@%h",
-        ]
+        args = args or self.celery_args("worker --beat")
         self._spawn(
             name,
             [sys.executable, "-m", "celery", "-A", "controlplane.celery", *args],
@@ -1130,12 +1203,33 @@ class Cluster:
         self._wait_ready("noop-extender", lambda: _http_ok(url, None, lambda b: True), url)
         return url
 
-    def stop_component(self, name: str) -> None:
-        info = self.state.get("components", {}).pop(name, None)
-        if info is not None:
-            _stop_component(name, info["pid"], self.state["run_id"])
+    def stop_component(self, name: str, timeout_s: float = 10.0) -> None:
+        """Stop one component: SIGTERM, then SIGKILL what is left after `timeout_s`."""
+        with self._lock:
+            info = self.state.get("components", {}).pop(name, None)
             self._procs.pop(name, None)
             self._save_state()
+        if info is not None:
+            _stop_component(name, info["pid"], self.state["run_id"], timeout_s)
+
+    def kill_component(self, name: str) -> int | None:
+        """Crash one component: SIGKILL to its process and every descendant at once, no
+        SIGTERM first (a container killed, a node lost). Returns its pid (None: not running)."""
+        with self._lock:
+            info = self.state.get("components", {}).pop(name, None)
+            proc = self._procs.pop(name, None)
+            self._save_state()
+        if info is None:
+            return None
+        _stop_component(name, info["pid"], self.state["run_id"], first=signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)  # reap it
+        return int(info["pid"])
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again (on the same etcd, port and certificates) after a stop."""
+        self._start_apiserver(Path(self.state["binaries"]["kube-apiserver"]))
 
     def _start_kwok(self, binary: Path) -> None:
         port = self.ports["kwok"]
@@ -1343,12 +1437,18 @@ def _launcher_of(checkout: Path, module: str, argv: list[str]) -> list[str]:
     return [argv[0], "-m", "granian", *kept]
 
 
-def _stop_component(name: str, pid: int, run_id: str, timeout_s: float = 10.0) -> None:
+def _stop_component(
+    name: str,
+    pid: int,
+    run_id: str,
+    timeout_s: float = 10.0,
+    first: signal.Signals = signal.SIGTERM,
+) -> None:
     """Stop one component: its process and that process's descendants, nothing else."""
     marker = f"{RUN_ID_ENV}={run_id}".encode()
     if not _environ_has(pid, marker):
         return  # gone already (or the pid was reused by someone else: leave that alone)
-    if stop_process_tree(pid, timeout_s):
+    if stop_process_tree(pid, timeout_s, first=first) and first != signal.SIGKILL:
         log(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM: killed it")
 
 
@@ -1373,9 +1473,11 @@ def _children() -> dict[int, list[int]]:
     return children
 
 
-def stop_process_tree(pid: int, timeout_s: float = 10.0) -> bool:
-    """SIGTERM a process and its descendants, wait up to `timeout_s` for all of them to end,
-    then SIGKILL those left. Returns whether any had to be killed.
+def stop_process_tree(
+    pid: int, timeout_s: float = 10.0, *, first: signal.Signals = signal.SIGTERM
+) -> bool:
+    """SIGTERM (or `first`) a process and its descendants, wait up to `timeout_s` for all of
+    them to end, then SIGKILL those left. Returns whether any had to be killed.
 
     Processes are found by their parent links in /proc, never by process group or session: a
     group can hold processes that are not this one's (one that left the tree, or any process a
@@ -1416,8 +1518,8 @@ def stop_process_tree(pid: int, timeout_s: float = 10.0) -> bool:
         live = running()
         if not live:
             return False
-        fresh = [p for p in live if p not in signalled]  # the tree grew: those get SIGTERM too
-        send(fresh, signal.SIGTERM)
+        fresh = [p for p in live if p not in signalled]  # the tree grew: those get it too
+        send(fresh, first)
         signalled.update(fresh)
         if time.monotonic() >= deadline:
             break

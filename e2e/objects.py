@@ -6,15 +6,17 @@ through `requests` against the real control plane, exactly as a node plugin or s
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import requests
 
 from controlplane.scheduling import ResourceNames
-from e2e.cluster import KWOK_LABEL, WEBHOOK_SKIP_LABEL
+from e2e.cluster import KWOK_LABEL, WEBHOOK_SKIP_LABEL, Cluster
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -223,3 +225,46 @@ def unique(prefix: str) -> str:
 def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+class Api:
+    """Raw JSON against the API server with the harness's admin certificate, per thread."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.base = cluster.apiserver_url
+        self.cert = (str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
+        self.ca = str(cluster.pki / "ca.crt")
+        self.local = threading.local()
+
+    def session(self) -> requests.Session:
+        session = getattr(self.local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the harness's CA
+            session.cert, session.verify = self.cert, self.ca
+            self.local.session = session
+        return session
+
+    def post(self, path: str, body: Any, ok: tuple[int, ...] = (200, 201)) -> Any:
+        resp = self.session().post(f"{self.base}{path}", json=body, timeout=60)
+        if resp.status_code not in ok:
+            raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text[:500]}")
+        return resp.json()
+
+    def get(self, path: str) -> Any:
+        resp = self.session().get(f"{self.base}{path}", timeout=60)
+        resp.raise_for_status()
+        return resp.json()
+
+    def events(
+        self, path: str, stop: threading.Event, timeout: tuple[float, float]
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch (`path` asks `watch=true`), decoded, until it ends or `stop`
+        is set. Raises requests' errors, also for an answer that is not 200."""
+        with self.session().get(f"{self.base}{path}", stream=True, timeout=timeout) as resp:
+            resp.raise_for_status()
+            for line in resp.iter_lines():
+                if stop.is_set():
+                    return
+                if line:
+                    yield json.loads(line)

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Start (or reuse) the real services the test suite needs: PostgreSQL and Redis on loopback.
 # Installs them from Debian's packages when absent. Idempotent; prints the URLs to use:
-#   eval "$(scripts/services.sh up)"   -> exports TEST_POSTGRES_URL and REDIS_URL
+#   eval "$(scripts/services.sh up)"   -> exports TEST_POSTGRES_URL and REDIS_URL (and the
+#                                         servers' pids, TESSERA_PG_PID and TESSERA_REDIS_PID)
 #   scripts/services.sh down           -> stops what this script started
+# A second pair beside the first (the chaos test's, which it stops and starts by pid): a folder
+# and ports of its own in TESSERA_SERVICES_DIR, TESSERA_PG_PORT, TESSERA_REDIS_PORT;
+# TESSERA_REDIS_PERSIST=1 keeps Redis's data across a restart (an append-only file in its folder).
 set -euo pipefail
 
 STATE=${TESSERA_SERVICES_DIR:-/var/tmp/tessera-services}
@@ -11,6 +15,7 @@ REDIS_PORT=${TESSERA_REDIS_PORT:-56379}
 # The database name in TEST_POSTGRES_URL: two checkouts testing at once on one machine each
 # name their own (pytest-django creates test_<name> and drops it at the end).
 PG_DB=${TESSERA_PG_DB:-tessera}
+REDIS_PERSIST=${TESSERA_REDIS_PERSIST:-0}
 log() { echo "services: $*" >&2; }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -54,20 +59,24 @@ pg_up() {
   fi
   log "PostgreSQL ready on 127.0.0.1:$PG_PORT"
   echo "export TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/$PG_DB"
+  echo "export TESSERA_PG_PID=$(head -1 "$data/postmaster.pid")"
 }
 
 redis_up() {
   command -v redis-server >/dev/null || apt_install redis-server
   mkdir -p "$STATE/redis"
+  local appendonly=no
+  [ "$REDIS_PERSIST" = 1 ] && appendonly=yes
   if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" \
-      --appendonly no --dir "$STATE/redis" --pidfile "$STATE/redis/redis.pid" \
+      --appendonly "$appendonly" --dir "$STATE/redis" --pidfile "$STATE/redis/redis.pid" \
       --logfile "$STATE/redis/redis.log" >&2
     for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
     redis-cli -p "$REDIS_PORT" ping >/dev/null || { tail -20 "$STATE/redis/redis.log" >&2; exit 1; }
   fi
   log "Redis ready on 127.0.0.1:$REDIS_PORT"
   echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+  echo "export TESSERA_REDIS_PID=$(cat "$STATE/redis/redis.pid")"
 }
 
 down() {

@@ -27,7 +27,7 @@ import time
 from collections import deque
 
 from django.conf import settings
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from controlplane.ledger.services import decisions
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
@@ -197,6 +197,10 @@ class DecisionWriter:
             work = [item for item in batch if item[0] != "stop"]
             if stopping:
                 work.append(("flush", threading.Event()))  # what is held is written too
+            # Each batch is this thread's "request": its kept connection is checked before the
+            # batch uses it (CONN_HEALTH_CHECKS) and replaced when the database ended it (a
+            # restart, a failover), rather than failing the batch and dropping its entries.
+            close_old_connections()
             try:
                 self._write(work, hold=True)
                 due = self._release_due(time.monotonic())

@@ -290,3 +290,24 @@ def test_descendants_that_ignore_sigterm_are_killed_after_the_timeout_even_orpha
         with contextlib.suppress(ProcessLookupError):
             os.kill(deaf, signal.SIGKILL)
         proc.wait(timeout=5)
+
+
+def test_kill_component_crashes_it_sigkill_at_once_to_every_descendant(tmp_path: Path) -> None:
+    """A crash, not a stop: no SIGTERM first (the component would run its shutdown), and no
+    waiting out a grace period for a descendant that would ignore one."""
+    (tmp_path / "deaf.sh").write_text("trap '' TERM\nsleep 300 &\necho $! > deaf.pid\nwait\n")
+    harness = _harness_without_cluster(tmp_path)
+    harness._spawn("toy", ["/bin/sh", "-c", "/bin/sh deaf.sh & wait"], port_names=(), cwd=tmp_path)
+    proc = harness._procs["toy"]
+    deaf = _pid_in(tmp_path / "deaf.pid")
+    try:
+        started = time.monotonic()
+        assert harness.kill_component("toy") == proc.pid
+        assert proc.returncode == -signal.SIGKILL, proc.returncode
+        assert _gone(deaf, timeout=1.0)
+        assert time.monotonic() - started < 2.0
+        assert "toy" not in harness.state["components"]
+        assert harness.kill_component("toy") is None  # nothing left to kill
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(deaf, signal.SIGKILL)

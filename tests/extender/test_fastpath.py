@@ -19,9 +19,15 @@ pytestmark = pytest.mark.django_db
 
 
 def call(
-    path: str, body: Any = b"", *, method: str = "POST", peer: str = "127.0.0.1"
+    path: str,
+    body: Any = b"",
+    *,
+    method: str = "POST",
+    peer: str = "127.0.0.1",
+    headers: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, str], bytes]:
-    """One request through controlplane.wsgi.application, as gunicorn would make it."""
+    """One request through controlplane.wsgi.application, as gunicorn would make it
+    (`headers`: more of them, e.g. {"AUTHORIZATION": "Bearer ..."})."""
     from controlplane.wsgi import application
 
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -44,6 +50,7 @@ def call(
         "wsgi.multiprocess": False,
         "wsgi.run_once": False,
         "wsgi.version": (1, 0),
+        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()},
     }
     answered: dict[str, Any] = {}
 

@@ -62,10 +62,11 @@ class Celery:
             **env,
         }
 
-    def start(self, role: str, name: str) -> None:
+    def start(self, role: str, name: str, args: list[str] | None = None) -> None:
+        """A worker or beat with the tests' arguments (`celery_args`), or with `args`."""
         args = [
             sys.executable, "-m", "celery", "-A", "controlplane.celery",
-            *celery_args(role, name, self.tmp),
+            *(args or celery_args(role, name, self.tmp)),
         ]  # fmt: skip
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         self.procs.append(
@@ -215,16 +216,37 @@ def test_beat_and_a_worker_prune_a_long_missing_card_and_old_decisions(celery_fa
         raise
 
 
+def ghosts_on_n1(kube: EmbeddedKube) -> list[str]:
+    """Node n1, and many bindings on it whose pods are gone, so the run that releases them
+    takes a while; their pod UIDs."""
+    make_node("n1", cards=8, memory_mib=80000)
+    Card.objects.update(slots=100)
+    ghosts = [reserve_for(kube, f"ghost-{i}") for i in range(400)]
+    for i in range(400):
+        kube.delete_pod("default", f"ghost-{i}")
+    return ghosts
+
+
+def restart_redis_mid_run(redis_server: RedisServer) -> None:
+    """Kill Redis while a reconcile run holds its lock (the lock, the resume point and the queue
+    go with it), start it again, and wait for a run that started after that."""
+    wait_for(lambda: redis_server.has_key(LOCK_KEY), 60, "a reconcile run to hold its lock")
+    redis_server.kill()
+    time.sleep(1)
+    redis_server.start()
+    restarted = timezone.now()
+    wait_for(
+        lambda: ReconcileRun.objects.filter(started_at__gt=restarted).exists(),
+        60,
+        "a reconcile run after the restart",
+    )
+
+
 def test_redis_restarted_during_a_run_then_the_next_run_completes(
     celery_factory, redis_server: RedisServer
 ) -> None:
     kube = EmbeddedKube()
-    make_node("n1", cards=8, memory_mib=80000)
-    Card.objects.update(slots=100)
-    # Many bindings whose pods are gone, so the run that releases them takes a while.
-    ghosts = [reserve_for(kube, f"ghost-{i}") for i in range(400)]
-    for i in range(400):
-        kube.delete_pod("default", f"ghost-{i}")
+    ghosts = ghosts_on_n1(kube)
     keeper = reserve_for(kube, "keeper")
     kube.bind_pod("default", "keeper", keeper, "n1", {})
 
@@ -232,16 +254,7 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
     celery.start("worker", "w1")
     celery.start("beat", "beat")
     try:
-        wait_for(lambda: redis_server.has_key(LOCK_KEY), 60, "a reconcile run to hold its lock")
-        redis_server.kill()  # Redis goes away mid-run: lock, resume point and queue with it
-        time.sleep(1)
-        redis_server.start()
-        restarted = timezone.now()
-        wait_for(
-            lambda: ReconcileRun.objects.filter(started_at__gt=restarted).exists(),
-            60,
-            "a reconcile run after the restart",
-        )
+        restart_redis_mid_run(redis_server)
         wait_for(
             lambda: (
                 PodBinding.objects.filter(pod_uid__in=ghosts, phase="released").count()
@@ -253,6 +266,29 @@ def test_redis_restarted_during_a_run_then_the_next_run_completes(
         assert phase_of(keeper) == "bound"  # its Binding landed: confirmed
         assert Slice.objects.filter(active=True).count() == 1  # only the keeper's
         assert PodBinding.objects.count() == len(ghosts) + 1  # nothing doubled
+    except AssertionError:
+        print(celery.logs())
+        raise
+
+
+def test_a_prefork_worker_outlives_a_redis_restart_during_a_run(
+    celery_factory, redis_server: RedisServer
+) -> None:
+    # The worker as the chart runs it (prefork, two processes, gossip and mingle): the run
+    # executes in a child process while the main process holds its message unacknowledged
+    # (acks late) and sees the broker go away.
+    ghosts_on_n1(EmbeddedKube())
+    celery = celery_factory(TESSERA_FULL_RESYNC_S="0")
+    celery.start(
+        "worker",
+        "w1",
+        ["worker", "--loglevel=INFO", "--queues=tessera", "--concurrency=2", "--hostname=w1@%h"],
+    )
+    celery.start("beat", "beat")
+    try:
+        restart_redis_mid_run(redis_server)
+        worker = next(proc for name, _, proc in celery.procs if name == "w1")
+        assert worker.poll() is None, f"the worker exited with {worker.returncode}"
     except AssertionError:
         print(celery.logs())
         raise
