@@ -65,7 +65,7 @@ def reconcile_pods(
     repairs = []
     for row in rows.iterator(chunk_size=5000):
         binding = BindingRow(*row)
-        action = _diagnose(binding, by_uid.get(binding.pod_uid), now)
+        action = _diagnose(binding, by_uid.get(binding.pod_uid), now, listed_at)
         if action is not None:
             repairs.append((binding, action))
     # Repairs go in bulk, grouped by reason, a chunk per transaction: a run that dies loses at
@@ -80,6 +80,12 @@ def reconcile_pods(
             chunk = [b.pod_uid for b in group[start : start + REPAIR_CHUNK]]
             if verb == "confirm":
                 done = bindings.confirm_reservations(chunk, actor)
+            elif verb == "expire":
+                # Only reservations still past their deadline as of the pods' view: a retried
+                # bind since then sent its Binding again and moved the deadline.
+                done = bindings.release_bindings(
+                    chunk, reason, failed=True, actor=actor, expired_by=listed_at
+                )
             else:
                 done = bindings.release_bindings(chunk, reason, failed=verb == "fail", actor=actor)
             if kind != ROUTINE:
@@ -124,12 +130,15 @@ ROUTINE = ""  # a Repair's kind for what is no drift: not counted, not audited
 @dataclass(frozen=True, slots=True)
 class Repair:
     kind: str  # the drift counter's key (ROUTINE: none)
-    verb: str  # release | fail | confirm
+    verb: str  # release | fail | expire (fail a reservation still expired) | confirm
     reason: str
 
 
-def _diagnose(binding: BindingRow, pod: PodView | None, now: datetime) -> Repair | None:
-    """What one binding needs, given the pod as the API server has it (None = gone)."""
+def _diagnose(
+    binding: BindingRow, pod: PodView | None, now: datetime, listed_at: datetime
+) -> Repair | None:
+    """What one binding needs, given the pod as the API server had it at `listed_at` (None =
+    gone)."""
     if pod is None:
         return Repair("released_deleted", "release", "the pod no longer exists")
     if pod.terminal:
@@ -147,10 +156,12 @@ def _diagnose(binding: BindingRow, pod: PodView | None, now: datetime) -> Repair
                 return Repair(ROUTINE, "confirm", "the pod is bound")
             # The Binding reached the API server but its process died before confirming.
             return Repair("confirmed_reservation", "confirm", "the pod is bound")
-        if expired:
+        # Unbound in a view taken after the deadline: the Binding never came. (Expired only
+        # after the view, the pod may have been bound since: the next pass looks again.)
+        if binding.deadline is not None and binding.deadline <= listed_at:
             return Repair(
                 "released_expired_reservation",
-                "fail",
+                "expire",
                 "the reservation expired: its Binding never reached the API server",
             )
     return None

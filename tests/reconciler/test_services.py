@@ -107,6 +107,57 @@ def test_expired_reservation_is_released_or_confirmed_by_what_the_api_server_say
     assert phase(waiting.pod_uid) == "reserved"  # still within its deadline
 
 
+def test_a_bind_retried_after_the_pods_were_read_keeps_its_reservation() -> None:
+    """The view says "unbound, deadline passed"; then the extender retries the bind (the
+    Binding goes out again and lands). The pass that acts on the older view must not fail the
+    reservation: the pod would run holding nothing in the ledger."""
+    retried = reserve("retried")
+    PodBinding.objects.filter(pod_uid=retried.pod_uid).update(
+        deadline=timezone.now() - timedelta(seconds=5)
+    )
+    listed_at = timezone.now()  # the view: unbound, past the deadline
+    again = reserve("retried")  # the retried bind, after the view
+    assert again.repeat and again.phase == "reserved"
+    drift = services.reconcile_pods(
+        [view(retried, node=None, phase="Pending")],
+        listed_at=listed_at,
+        complete=True,
+        verify=verify_allocation,
+    )
+    assert drift == {}
+    assert phase(retried.pod_uid) == "reserved"
+    assert Slice.objects.filter(binding__pod_uid=retried.pod_uid, active=True).count() == 1
+
+
+def test_a_retried_bind_renews_its_reservation_s_deadline() -> None:
+    first = reserve("slow")
+    PodBinding.objects.filter(pod_uid=first.pod_uid).update(
+        deadline=timezone.now() - timedelta(seconds=5)
+    )
+    before = timezone.now()
+    reserve("slow")
+    deadline = PodBinding.objects.get(pod_uid=first.pod_uid).deadline
+    assert deadline is not None and deadline > before
+
+
+def test_the_expiry_release_skips_a_reservation_renewed_after_the_view() -> None:
+    """Under the row lock, not from the rows read earlier in the pass: a bind can renew the
+    reservation between the pass's read of the bindings and its release."""
+    renewed, stale = reserve("renewed"), reserve("stale")
+    view_time = timezone.now()
+    PodBinding.objects.filter(pod_uid=stale.pod_uid).update(
+        deadline=view_time - timedelta(seconds=1)
+    )
+    PodBinding.objects.filter(pod_uid=renewed.pod_uid).update(
+        deadline=view_time + timedelta(seconds=30)
+    )
+    done = bindings.release_bindings(
+        [renewed.pod_uid, stale.pod_uid], "expired", failed=True, expired_by=view_time
+    )
+    assert done == [stale.pod_uid]
+    assert (phase(renewed.pod_uid), phase(stale.pod_uid)) == ("reserved", "failed")
+
+
 def test_a_young_bound_reservation_is_confirmed_as_routine_an_old_one_as_drift() -> None:
     """The extender confirms in batches moments after its Binding; a reconciler that gets
     there first confirms too, but that is no drift. Past the grace the confirmation was lost."""

@@ -111,6 +111,18 @@ def bind_pod(request: PodRequest, node_name: str) -> Reservation:
                     .get(pk=locked.binding_id)
                 )
                 if earlier.active:
+                    if (
+                        earlier.phase == Phase.RESERVED
+                        and earlier.node
+                        and earlier.node.name == node_name
+                    ):
+                        # A retried bind sends the Binding again: its reservation lives a full
+                        # timeout from now, so a reconciler that saw the pod unbound before
+                        # this Binding cannot take the reservation for one that never came.
+                        earlier.deadline = timezone.now() + timedelta(
+                            seconds=settings.TESSERA["RESERVATION_TIMEOUT_S"]
+                        )
+                        earlier.save(update_fields=["deadline"])
                     return _repeat(earlier, node_name)
                 if earlier.phase == Phase.RELEASED:
                     raise Conflict(
@@ -312,16 +324,24 @@ def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBi
 
 @transaction.atomic(durable=True)
 def release_bindings(
-    pod_uids: Sequence[str], reason: str, *, failed: bool = False, actor: str | None = None
+    pod_uids: Sequence[str],
+    reason: str,
+    *,
+    failed: bool = False,
+    actor: str | None = None,
+    expired_by: datetime | None = None,
 ) -> list[str]:
     """`release_binding` for many pods at once (the reconciler's bulk path): the UIDs it
     actually released; unknown or already inactive ones are skipped. With `actor`, each release
-    is audited (action `fail` or `release`)."""
-    active = list(
-        PodBinding.objects.select_for_update()
-        .filter(pod_uid__in=list(pod_uids), phase__in=PodBinding.ACTIVE_PHASES)
-        .values_list("pk", "pod_uid", "namespace", "name")
-    )
+    is audited (action `fail` or `release`). With `expired_by`, only reservations whose deadline
+    had passed by then are released (checked under the row lock, so a bind that renewed its
+    reservation meanwhile keeps it)."""
+    rows = PodBinding.objects.select_for_update().filter(pod_uid__in=list(pod_uids))
+    if expired_by is None:
+        rows = rows.filter(phase__in=PodBinding.ACTIVE_PHASES)
+    else:
+        rows = rows.filter(phase=Phase.RESERVED, deadline__lte=expired_by)
+    active = list(rows.values_list("pk", "pod_uid", "namespace", "name"))
     if not active:
         return []
     ids = [pk for pk, *_ in active]
