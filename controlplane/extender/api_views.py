@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
-from controlplane.api.fields import StrictCharField, StrictSerializer
-from controlplane.api.names import check_path
+from controlplane.api.fields import StrictSerializer
+from controlplane.api.names import CardUUIDField, check_path
 from controlplane.api.schema import conflict
 from controlplane.ledger import selectors, why
 from controlplane.ledger.services import bindings
@@ -130,7 +130,10 @@ class AllocationView(APIView):
 
 class AllocatedSerializer(StrictSerializer):
     devices = serializers.ListField(
-        child=StrictCharField(max_length=64), min_length=1, max_length=64
+        child=CardUUIDField(),
+        min_length=1,
+        max_length=64,
+        help_text="UUIDs of the cards the container got.",
     )
 
 
