@@ -7,13 +7,16 @@ paginated lists (a page past the end), 413 and 415 on writes (body too large, no
 documents a 409 where it can conflict (`conflict()`). Path parameters get the pattern and length
 of the name rule they are checked against (`controlplane.ledger.validation`); body fields carry
 theirs through their field classes, and every request body refuses keys it does not list
-(`additionalProperties: false`, as `StrictSerializer` does).
+(`additionalProperties: false`, as `StrictSerializer` does). A body's string says what its field
+refuses besides its length: an empty string where blank is refused (`minLength: 1`), U+0000
+where DRF refuses it (a pattern without it; PostgreSQL cannot store the character).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiResponse
@@ -64,6 +67,7 @@ ERRORS = {
     415: "The body is not JSON: send Content-Type: application/json.",
 }
 WRITES = {"POST", "PUT", "PATCH"}
+NO_NUL = "^[^\\u0000]*$"
 
 
 def conflict(description: str) -> OpenApiResponse:
@@ -112,8 +116,25 @@ class StrictSerializerScheme(OpenApiSerializerExtension):
             self.target, direction, bypass_extensions=True
         )
         schema["additionalProperties"] = False
-        for name, field in self.target.fields.items():  # many=True: drf-spectacular drops bounds
-            if isinstance(field, serializers.ListSerializer) and name in schema["properties"]:
+        for name, field in self.target.fields.items():
+            prop = schema["properties"].get(name)
+            if prop is None or field.read_only:
+                continue
+            if isinstance(field, serializers.ListSerializer):  # drf-spectacular drops the bounds
                 bounds = {"minItems": field.min_length, "maxItems": field.max_length}
-                schema["properties"][name].update({k: n for k, n in bounds.items() if n})
+                prop.update({k: n for k, n in bounds.items() if n})
+            if isinstance(field, serializers.ListField):
+                field, prop = field.child, prop.get("items", {})
+            _string_rules(field, prop)
         return schema
+
+
+def _string_rules(field: serializers.Field, prop: dict[str, Any]) -> None:
+    """What a body's CharField refuses besides its length, where its schema does not say it yet."""
+    if not isinstance(field, serializers.CharField) or prop.get("type") != "string":
+        return
+    if not field.allow_blank:
+        prop.setdefault("minLength", 1)
+    refuses_nul = any(isinstance(v, ProhibitNullCharactersValidator) for v in field.validators)
+    if refuses_nul and "pattern" not in prop:
+        prop["pattern"] = NO_NUL

@@ -7,10 +7,20 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from django.core.management import call_command
+from rest_framework.exceptions import ValidationError
+from rest_framework.fields import CharField, ListField
 
 from controlplane.access.roles import Role
+from controlplane.api.serializers import CardReportSerializer, InventoryReportSerializer
+from controlplane.dashboard.serializers import (
+    CordonSerializer,
+    QuotaLimitsSerializer,
+    QuotaSerializer,
+)
+from controlplane.extender.api_views import AllocatedSerializer
 from controlplane.ledger import validation as v
 from tests.builders import token_client
 
@@ -149,3 +159,55 @@ def test_the_schema_generates_without_warnings_and_validates(tmp_path: Path) -> 
         "spectacular", "--fail-on-warn", "--validate", "--file", str(out), stderr=StringIO()
     )
     assert out.stat().st_size > 0
+
+
+# Each request body's serializer, by the component the schema names it with.
+BODY_SERIALIZERS = {
+    "Quota": QuotaSerializer,
+    "QuotaLimits": QuotaLimitsSerializer,
+    "PatchedQuotaLimits": QuotaLimitsSerializer,
+    "Cordon": CordonSerializer,
+    "InventoryReport": InventoryReportSerializer,
+    "CardReport": CardReportSerializer,
+    "Allocated": AllocatedSerializer,
+}
+STRINGS = ["", "\x00", "a\x00b", " ", " GPU ", "GPU-0", "\n", "x" * 500, "x" * 501]
+
+
+def string_fields(schema: dict[str, Any]) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """(component, field, serializer field, its string schema) of every body string, list items
+    included."""
+    components = schema["components"]["schemas"]
+    out = []
+    for component, serializer in BODY_SERIALIZERS.items():
+        for name, field in serializer().fields.items():
+            prop = components[component]["properties"].get(name)
+            if field.read_only or prop is None:
+                continue
+            if isinstance(field, ListField):
+                field, prop = field.child, prop["items"]
+            if isinstance(field, CharField):
+                out.append((component, name, field, prop))
+    return out
+
+
+def test_a_body_string_is_valid_by_the_schema_exactly_when_its_field_takes_it(
+    schema: dict,
+) -> None:
+    fields = string_fields(schema)
+    assert {(c, n) for c, n, _, _ in fields} >= {
+        ("Cordon", "reason"),
+        ("CardReport", "model"),
+        ("InventoryReport", "plugin_version"),
+        ("Allocated", "devices"),
+        ("Quota", "namespace"),
+    }
+    for component, name, field, prop in fields:
+        for value in STRINGS:
+            by_schema = jsonschema.Draft4Validator(prop).is_valid(value)
+            try:
+                field.run_validation(value)
+                by_field = True
+            except ValidationError:
+                by_field = False
+            assert by_schema == by_field, (component, name, value, prop)
