@@ -85,19 +85,15 @@ EXAMPLE = {
     "pod_uid": "7a1e6c52-3d0b-4f6e-9a8c-2b1d4e5f6a7b",
     "container": "trainer",
 }
-# Path parameter -> the EXAMPLE entry it names; `name` is a pod after a namespace, else a node.
-EXAMPLE_OF = {
-    "namespace": "namespace",
-    "uuid": "card",
-    "pod_uid": "pod_uid",
-    "container": "container",
-}
+KINDS = {"namespace": "namespace", "uuid": "card", "pod_uid": "pod_uid", "container": "container"}
 
 
-def example_of(parameter: str, path: str) -> str:
+def parameter_kind(parameter: str, path: str) -> str:
+    """What a path parameter names, as an EXAMPLE key: `name` is a pod after a namespace, else a
+    node."""
     if parameter == "name":
-        return EXAMPLE["pod" if "{namespace}/{name}" in path else "node"]
-    return EXAMPLE[EXAMPLE_OF[parameter]]
+        return "pod" if "{namespace}/{name}" in path else "node"
+    return KINDS[parameter]
 
 
 def conflict(description: str) -> OpenApiResponse:
@@ -118,7 +114,7 @@ class AutoSchema(openapi.AutoSchema):
                 has_path_parameters = True
                 rule = PATH_PARAMETERS.get(parameter["name"], {})
                 parameter["schema"] = {**parameter["schema"], **rule}
-                parameter["example"] = example_of(parameter["name"], path)
+                parameter["example"] = EXAMPLE[parameter_kind(parameter["name"], path)]
         codes = [400, 401, 403]
         paginated = self.method == "GET" and getattr(self.view, "pagination_class", None)
         if has_path_parameters or paginated:
