@@ -382,6 +382,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Ledger of GPU nodes, cards, slices and pod bindings; node inventory reports.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # links from answers to the operations that take the names in them (controlplane.api.schema)
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api.schema.add_links",
+    ],
 }
 
 LOGGING = {

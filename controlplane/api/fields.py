@@ -1,8 +1,9 @@
 """Strict JSON: a machine interface takes the shapes and types it documents, not look-alikes.
 
-DRF's stock fields accept "12" for an integer and "yes" for a boolean, and its serializers drop
-keys they do not know and read-only fields without a word; a body that sends those is wrong, and
-saying so early beats storing a guess. `StrictSerializer` is the base of every serializer that
+DRF's stock fields accept "12" for an integer and "yes" for a boolean, trim the whitespace around
+a string before they measure it, and its serializers drop keys they do not know and read-only
+fields without a word; a body that sends those is wrong, and saying so early beats storing a
+guess. `StrictSerializer` is the base of every serializer that
 reads a request body.
 """
 
@@ -34,7 +35,14 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class StrictCharField(serializers.CharField):
+    """A string taken exactly as sent: trimmed, a 501-character reason would pass a 500-character
+    limit and be stored as another string than the caller's."""
+
     default_error_messages = {"invalid": "Must be a JSON string."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):

@@ -50,7 +50,7 @@ class _NameField(StrictCharField):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("max_length", self.max_chars)
-        super().__init__(trim_whitespace=False, **kwargs)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> str:
         value = super().to_internal_value(data)

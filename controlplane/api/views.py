@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.names import check_path
-from controlplane.api.schema import conflict
+from controlplane.api.schema import EXAMPLE, conflict
 from controlplane.api.serializers import InventoryReportSerializer, InventoryResultSerializer
 from controlplane.ledger.services import nodes
 
@@ -39,6 +39,26 @@ class NodeInventoryView(APIView):
         summary="A node plugin's inventory report and heartbeat (node identity of that node, or "
         "admin)",
         request=InventoryReportSerializer,
+        examples=[
+            OpenApiExample(
+                "one card",
+                value={
+                    "plugin_version": "0.1.0",
+                    "cards": [
+                        {
+                            "uuid": EXAMPLE["card"],
+                            "index": 0,
+                            "model": "NVIDIA A100-SXM4-80GB",
+                            "memory_mib": 81920,
+                            "numa_node": 0,
+                            "healthy": True,
+                            "health_reason": "",
+                        }
+                    ],
+                },
+                request_only=True,
+            )
+        ],
         responses={
             200: InventoryResultSerializer,
             201: InventoryResultSerializer,

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.paginator import EmptyPage, Paginator
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
@@ -23,7 +23,7 @@ from rest_framework.response import Response
 
 from controlplane.access.roles import Role, has_role
 from controlplane.api.names import check_path
-from controlplane.api.schema import conflict
+from controlplane.api.schema import EXAMPLE, conflict
 from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
@@ -155,6 +155,11 @@ PAGE_PARAMS = [
 
 # --- quotas --------------------------------------------------------------------------------------
 
+LIMITS_EXAMPLE = {"gpumem_mib": 163840, "gpucores": 200, "gpus": 4}
+CORDON_EXAMPLE = OpenApiExample(
+    "reason", value={"reason": "ECC errors under investigation"}, request_only=True
+)
+
 
 def _quota_body(row: selectors.QuotaRow) -> dict[str, Any]:
     return {
@@ -204,6 +209,13 @@ class QuotaListView(GenericAPIView):
 
     @extend_schema(
         summary="Create a namespace quota (operator)",
+        examples=[
+            OpenApiExample(
+                "quota",
+                value={"namespace": EXAMPLE["namespace"], **LIMITS_EXAMPLE},
+                request_only=True,
+            )
+        ],
         responses={
             201: QuotaSerializer,
             409: conflict(
@@ -255,13 +267,16 @@ class QuotaDetailView(GenericAPIView):
 
     @extend_schema(
         summary="Create or replace a namespace quota (operator); absent limits become unlimited",
+        examples=[OpenApiExample("limits", value=LIMITS_EXAMPLE, request_only=True)],
         responses={200: QuotaSerializer, 201: QuotaSerializer},
     )
     def put(self, request: Request, namespace: str) -> Response:
         return self._write(request, namespace, partial=False)
 
     @extend_schema(
-        summary="Change some limits of a namespace quota (operator)", responses=QuotaSerializer
+        summary="Change some limits of a namespace quota (operator)",
+        examples=[OpenApiExample("one limit", value={"gpus": 8}, request_only=True)],
+        responses=QuotaSerializer,
     )
     def patch(self, request: Request, namespace: str) -> Response:
         return self._write(request, namespace, partial=True)
@@ -382,7 +397,11 @@ class _CordonView(GenericAPIView):
 class NodeCordonView(_CordonView):
     """POST `/api/v1/nodes/<name>/cordon` or `/uncordon` (operator): place nothing new there."""
 
-    @extend_schema(summary="Cordon or uncordon a node (operator)", responses=NodeSerializer)
+    @extend_schema(
+        summary="Cordon or uncordon a node (operator)",
+        examples=[CORDON_EXAMPLE],
+        responses=NodeSerializer,
+    )
     def post(self, request: Request, name: str) -> Response:
         check_path(name=("node", name))
         reason = self._reason(request)
@@ -394,7 +413,11 @@ class NodeCordonView(_CordonView):
 class CardCordonView(_CordonView):
     """POST `/api/v1/cards/<uuid>/cordon` or `/uncordon` (operator)."""
 
-    @extend_schema(summary="Cordon or uncordon a card (operator)", responses=CardSerializer)
+    @extend_schema(
+        summary="Cordon or uncordon a card (operator)",
+        examples=[CORDON_EXAMPLE],
+        responses=CardSerializer,
+    )
     def post(self, request: Request, uuid: str) -> Response:
         check_path(uuid=("card", uuid))
         reason = self._reason(request)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
@@ -17,9 +17,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access.roles import Role, has_role
-from controlplane.api.fields import StrictCharField, StrictSerializer
-from controlplane.api.names import check_path
-from controlplane.api.schema import conflict
+from controlplane.api.fields import StrictSerializer
+from controlplane.api.names import CardUUIDField, check_path
+from controlplane.api.schema import EXAMPLE, conflict
 from controlplane.ledger import selectors, why
 from controlplane.ledger.services import bindings
 
@@ -130,7 +130,10 @@ class AllocationView(APIView):
 
 class AllocatedSerializer(StrictSerializer):
     devices = serializers.ListField(
-        child=StrictCharField(max_length=64), min_length=1, max_length=64
+        child=CardUUIDField(),
+        min_length=1,
+        max_length=64,
+        help_text="UUIDs of the cards the container got.",
     )
 
 
@@ -151,6 +154,9 @@ class AllocatedView(APIView):
     @extend_schema(
         summary="A node plugin reports the cards it gave a container (node identity, or admin)",
         request=AllocatedSerializer,
+        examples=[
+            OpenApiExample("one card", value={"devices": [EXAMPLE["card"]]}, request_only=True)
+        ],
         responses={
             200: AllocatedResultSerializer,
             409: conflict(

@@ -148,6 +148,7 @@ BAD_INPUTS: list[tuple[str, Any, str]] = [
         report(card_json("GPU-a", 0), card_json("GPU-b", 1, model=None)),
         "cards[1].model",
     ),
+    ("model-too-long-once-trimmed", report(card_json(model=" " + "m" * 128)), "cards[0].model"),
     ("null-body", "null", "body"),
     ("unknown-field", {**report(card_json()), "node": "gpu-1"}, "node"),
     ("unknown-card-field", report(card_json(slots=4)), "cards[0].slots"),

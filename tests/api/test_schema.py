@@ -7,10 +7,20 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from django.core.management import call_command
+from rest_framework.exceptions import ValidationError
+from rest_framework.fields import CharField, ListField
 
 from controlplane.access.roles import Role
+from controlplane.api.serializers import CardReportSerializer, InventoryReportSerializer
+from controlplane.dashboard.serializers import (
+    CordonSerializer,
+    QuotaLimitsSerializer,
+    QuotaSerializer,
+)
+from controlplane.extender.api_views import AllocatedSerializer
 from controlplane.ledger import validation as v
 from tests.builders import token_client
 
@@ -149,3 +159,108 @@ def test_the_schema_generates_without_warnings_and_validates(tmp_path: Path) -> 
         "spectacular", "--fail-on-warn", "--validate", "--file", str(out), stderr=StringIO()
     )
     assert out.stat().st_size > 0
+
+
+# Each request body's serializer, by the component the schema names it with.
+BODY_SERIALIZERS = {
+    "Quota": QuotaSerializer,
+    "QuotaLimits": QuotaLimitsSerializer,
+    "PatchedQuotaLimits": QuotaLimitsSerializer,
+    "Cordon": CordonSerializer,
+    "InventoryReport": InventoryReportSerializer,
+    "CardReport": CardReportSerializer,
+    "Allocated": AllocatedSerializer,
+}
+STRINGS = ["", "\x00", "a\x00b", " ", " GPU ", "GPU-0", "\n", "x" * 500, "x" * 501]
+
+
+def string_fields(schema: dict[str, Any]) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """(component, field, serializer field, its string schema) of every body string, list items
+    included."""
+    components = schema["components"]["schemas"]
+    out = []
+    for component, serializer in BODY_SERIALIZERS.items():
+        for name, field in serializer().fields.items():
+            prop = components[component]["properties"].get(name)
+            if field.read_only or prop is None:
+                continue
+            if isinstance(field, ListField):
+                field, prop = field.child, prop["items"]
+            if isinstance(field, CharField):
+                out.append((component, name, field, prop))
+    return out
+
+
+def test_a_body_string_is_valid_by_the_schema_exactly_when_its_field_takes_it(
+    schema: dict,
+) -> None:
+    fields = string_fields(schema)
+    assert {(c, n) for c, n, _, _ in fields} >= {
+        ("Cordon", "reason"),
+        ("CardReport", "model"),
+        ("InventoryReport", "plugin_version"),
+        ("Allocated", "devices"),
+        ("Quota", "namespace"),
+    }
+    for component, name, field, prop in fields:
+        for value in STRINGS:
+            by_schema = jsonschema.Draft4Validator(prop).is_valid(value)
+            try:
+                field.run_validation(value)
+                by_field = True
+            except ValidationError:
+                by_field = False
+            assert by_schema == by_field, (component, name, value, prop)
+
+
+def walk(schema: dict[str, Any], node: dict[str, Any], pointer: str) -> dict[str, Any]:
+    """The schema of what `pointer` (`/results/0/name`) names in a value of schema `node`."""
+    for segment in pointer.strip("/").split("/"):
+        node = resolve(schema, node)
+        node = node["items"] if segment.isdigit() else node["properties"][segment]
+    return resolve(schema, node)
+
+
+def test_links_lead_from_an_answer_to_the_operations_that_take_its_names(schema: dict) -> None:
+    by_id = {op["operationId"]: (path, op) for path, _, op in operations(schema)}
+    followed = set()
+    for path, method, op in operations(schema):
+        for answer in op["responses"].values():
+            for name, link in answer.get("links", {}).items():
+                target_path, target = by_id[link["operationId"]]
+                taken = {p["name"] for p in target["parameters"] if p["in"] == "path"}
+                assert set(link["parameters"]) == taken, (method, path, name)
+                body = answer["content"]["application/json"]["schema"]
+                for parameter, expression in link["parameters"].items():
+                    assert expression.startswith("$response.body#/")
+                    named = walk(schema, body, expression.removeprefix("$response.body#"))
+                    assert named["type"] == "string", (method, path, name, parameter)
+                followed.add((method.upper(), path, target_path))
+    assert ("GET", "/api/v1/nodes/", "/api/v1/nodes/{name}/") in followed
+    assert ("POST", "/api/v1/quotas/", "/api/v1/quotas/{namespace}/") in followed
+    assert (
+        "GET",
+        "/api/v1/bindings/",
+        "/api/v1/allocations/{pod_uid}/containers/{container}/allocated",
+    ) in followed
+
+
+def test_examples_are_valid_by_the_schema_they_illustrate(schema: dict) -> None:
+    bodies, illustrated = set(), set()
+    for path, method, op in operations(schema):
+        for parameter in op.get("parameters", []):
+            if parameter["in"] == "path":
+                assert jsonschema.Draft4Validator(parameter["schema"]).is_valid(
+                    parameter["example"]
+                ), (method, path, parameter)
+        content = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+        if content:
+            bodies.add((method, path))
+        for example in content.get("examples", {}).values():
+            body = {**resolve(schema, content["schema"]), "components": schema["components"]}
+            read_only = {k for k, prop in body["properties"].items() if prop.get("readOnly")}
+            body["required"] = [k for k in body.get("required", []) if k not in read_only]
+            errors = list(jsonschema.Draft4Validator(body).iter_errors(example["value"]))
+            assert not errors, (method, path, errors)
+            illustrated.add((method, path))
+    assert bodies == illustrated and len(bodies) == 9  # every request body has an example

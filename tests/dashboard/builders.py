@@ -47,9 +47,10 @@ def pod(
     namespace: str = "default",
     phase: str = "bound",
     init_containers: list[dict[str, Any]] | None = None,
+    uid: str | None = None,
 ) -> PodBinding:
     """Reserve room for a pod through the ledger's service, then confirm it when `phase` says."""
-    body = pod_json(name, namespace, containers=list(containers) or [gpu_container()])
+    body = pod_json(name, namespace, uid, containers=list(containers) or [gpu_container()])
     if init_containers:
         body["spec"]["initContainers"] = init_containers
     request = parse_pod(body)

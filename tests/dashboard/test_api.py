@@ -465,6 +465,9 @@ def test_operator_cordons_and_uncordons_with_audit(cluster: None, operator: APIC
         ("/api/v1/nodes/n1/cordon", {"reason": 5}, 400, "reason"),
         ("/api/v1/nodes/n1/cordon", {"why": "x"}, 400, "why"),
         ("/api/v1/cards/GPU-n1-0/cordon", {"reason": "x" * 501}, 400, "reason"),
+        # measured as sent: no trimming brings it under the limit
+        ("/api/v1/nodes/n1/cordon", {"reason": "\r" + "x" * 500}, 400, "reason"),
+        ("/api/v1/cards/GPU-n1-0/cordon", {"reason": "\u00a0" + "x" * 500}, 400, "reason"),
     ],
 )
 def test_bad_cordons_change_nothing(

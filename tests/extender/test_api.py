@@ -112,6 +112,8 @@ def test_allocated_moves_the_binding_to_allocated_and_checks_devices(bound_train
         {"devices": "GPU-big-0"},
         {"devices": [1]},
         {"devices": []},
+        {"devices": [""]},  # device IDs are card UUIDs: never blank,
+        {"devices": ["GPU big 0"]},  # never with spaces
         [1],
         {"devices": ["GPU-big-0", "GPU-big-1"], "node": "big"},  # an unknown field, refused
     ],
