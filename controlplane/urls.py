@@ -6,6 +6,9 @@ from drf_spectacular.views import SpectacularAPIView
 
 from controlplane import health
 
+# An unmatched /api/ path answers the API's JSON error body, not Django's HTML page.
+handler404 = "controlplane.api.errors.not_found"
+
 admin.site.site_header = "Tessera control plane"
 admin.site.site_title = "Tessera"
 admin.site.index_title = "GPU ledger"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -76,3 +77,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return error_response("Not found.", status.HTTP_404_NOT_FOUND)
     log.exception("unhandled error in %s", context.get("view"))
     return error_response("Internal error; the server log has the details.", 500)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 for a path no route matches: the API's error body under /api/ (a client of
+    the API reads JSON, also for a name with an encoded '/' that fits no route), the HTML page
+    elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": f"Not found: no API route for {request.path}."}, status=404)
+    return defaults.page_not_found(request, exception or Http404())

@@ -216,3 +216,20 @@ def test_identities_refuse_near_miss_usernames() -> None:
 
     assert not get_user_model().objects.exists()
     assert not AuditEvent.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path", ["/api/v1/nodes/a%2Fb/", "/api/v1/cards/GPU-1%2F2/cordon", "/api/v1/no-such-route/"]
+)
+def test_an_api_path_no_route_matches_answers_the_json_error_body(path: str) -> None:
+    answer = token_client("admin-1", Role.ADMIN).get(path)
+    assert answer.status_code == 404
+    assert answer["Content-Type"] == "application/json"
+    assert answer.json() == {"error": f"Not found: no API route for {answer.wsgi_request.path}."}
+
+
+@pytest.mark.django_db
+def test_a_dashboard_path_no_route_matches_stays_a_page() -> None:
+    answer = signed_in(Role.VIEWER).get("/no-such-page/")
+    assert answer.status_code == 404 and answer["Content-Type"].startswith("text/html")
