@@ -9,7 +9,8 @@ the other is dropped. Then, in order:
 1. a binding that is bound or allocated: not pending;
 2. a reservation: waiting for the API server to accept the Binding;
 3. a decision that found no room, an invalid request, or a failed bind: pending, with its reasons;
-4. a released or failed binding: not pending any more, it holds nothing;
+4. a failed binding: pending, its bind failed (the scheduler tries again); a released one: not
+   pending any more, it holds nothing;
 5. a feasible decision: nodes were found, the bind is on its way.
 """
 
@@ -131,12 +132,20 @@ def explain(
     elif decision is not None and decision.outcome in WAITING:
         outcome, summary = decision.outcome, decision.summary
         text = _waiting_text(decision)
+    elif binding is not None and binding.phase == Phase.FAILED:
+        # A failed bind leaves the pod unbound: kube-scheduler puts it back in its queue and
+        # tries again, and until its next filter this binding is the only answer there is.
+        reason = binding.reason or "the bind did not complete"
+        outcome, summary = Outcome.BIND_FAILED, f"failed: {reason}.{before}"
+        text = (
+            f"Pending: the last bind failed ({reason}); it holds no GPU, and the scheduler "
+            "tries again."
+        )
     elif binding is not None:
-        ended = "ended" if binding.phase == Phase.RELEASED else "failed to bind"
         reason = f" ({binding.reason})" if binding.reason else ""
         outcome = binding.phase
         summary = f"{binding.phase}{': ' + binding.reason if binding.reason else ''}.{before}"
-        text = f"Not pending: the pod {ended}{reason}; it holds no GPU now."
+        text = f"Not pending: the pod ended{reason}; it holds no GPU now."
     else:
         assert decision is not None
         outcome, summary = decision.outcome, decision.summary

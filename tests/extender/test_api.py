@@ -7,6 +7,7 @@ import pytest
 from controlplane.access.roles import Role
 from controlplane.ledger.allocation import ANNOTATION, encode
 from controlplane.ledger.models import Node, PodBinding
+from controlplane.ledger.why import pod_status
 from tests.builders import make_node, token_client
 from tests.extender.builders import bind_args, filter_args, gpu_pod
 from tests.extender.conftest import fixture_pod, post
@@ -135,3 +136,21 @@ def test_a_viewer_cannot_report_allocations(bound_trainer) -> None:
         format="json",
     )
     assert response.status_code == 403
+
+
+def test_a_pod_whose_bind_failed_is_pending_and_why_says_so(client, fake_kube) -> None:
+    """The reconciler failed its expired reservation (the Binding never came) and no filter ran
+    since: the pod is unbound and will be tried again, not "not pending"."""
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod())
+    post(client, "/scheduler/bind", bind_args(pod, "n1"))
+    PodBinding.objects.filter(pod_uid="uid-default-p").update(
+        phase=PodBinding.Phase.FAILED,
+        reason="the reservation expired: its Binding never reached the API server",
+    )
+    body = token_client("vera", Role.VIEWER).get("/api/v1/pods/default/p/why").json()
+    assert body["outcome"] == "bind_failed"
+    assert body["summary"].startswith("failed: the reservation expired")
+    # the dashboard's words, from the same answer
+    text = pod_status("default", "p").text
+    assert text.startswith("Pending: the last bind failed (the reservation expired")
