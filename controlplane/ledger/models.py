@@ -67,6 +67,14 @@ class Node(Stamped):
 class Card(Stamped):
     """One physical GPU of a node, identified by its NVML UUID."""
 
+    class Mode(models.TextChoices):
+        """How the card is shared (docs/card-modes.md); set by an operator, audited."""
+
+        SHARED = "shared", "shared"  # Tessera's slices, held by the shim
+        MIG = "mig", "MIG"  # hardware instances, created per binding by the node plugin
+        MPS = "mps", "MPS"  # NVIDIA's MPS daemon, limits from the slice
+        EXCLUSIVE = "exclusive", "exclusive"  # whole-card pods only
+
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="cards")
     uuid = models.CharField(max_length=64, unique=True)
     index = models.PositiveSmallIntegerField()
@@ -82,6 +90,23 @@ class Card(Stamped):
         default=True, help_text="In the node's latest report; absent cards take no new slices."
     )
     last_seen = models.DateTimeField(null=True, blank=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.SHARED)
+    pending_mode = models.CharField(
+        max_length=16,
+        choices=Mode.choices,
+        blank=True,
+        help_text="A mode change waiting for the card to drain; blank: none. A draining card "
+        "takes no new slices.",
+    )
+    mig_capable = models.BooleanField(default=False, help_text="Reported: NVML supports MIG.")
+    mig_enabled = models.BooleanField(
+        default=False, help_text="Reported: MIG mode is on in the GPU (current, not pending)."
+    )
+    mig_instances = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Reported: the GPU instances NVML lists ({profile, start, size, uuid}).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -92,7 +117,7 @@ class Card(Stamped):
 
     @property
     def schedulable(self) -> bool:
-        return self.healthy and self.present and not self.cordoned
+        return self.healthy and self.present and not self.cordoned and not self.pending_mode
 
 
 class PodBinding(Stamped):
@@ -158,6 +183,11 @@ class Slice(models.Model):
         null=True, blank=True, help_text="The container's nvidia.com/priority; null: not asked."
     )
     active = models.BooleanField(default=True)
+    # A slice on a MIG card is one GPU instance: the profile and its placement on the card's
+    # memory slices (NVML's nvmlGpuInstancePlacement_t). Blank/null on other cards.
+    mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
+    mig_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    mig_size = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -178,6 +208,11 @@ class Slice(models.Model):
             models.CheckConstraint(
                 condition=Q(priority__isnull=True) | Q(priority__lte=1),
                 name="slice_priority_0_or_1",
+            ),
+            models.CheckConstraint(
+                condition=(Q(mig_profile="") & Q(mig_start__isnull=True) & Q(mig_size__isnull=True))
+                | (~Q(mig_profile="") & Q(mig_start__isnull=False) & Q(mig_size__gt=0)),
+                name="slice_mig_placement_whole",
             ),
         ]
 
