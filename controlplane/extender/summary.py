@@ -44,6 +44,18 @@ _PHRASES: dict[str, tuple[str, str]] = {
         "has no card in the mode the pod's nvidia.com/vgpu-mode asks for",
         "have no card in the mode the pod's nvidia.com/vgpu-mode asks for",
     ),
+    ReasonCode.CARD_DRAINING: (
+        "has only GPUs draining for a mode change",
+        "have only GPUs draining for a mode change",
+    ),
+    ReasonCode.MIG_NOT_ENABLED: (
+        "has MIG-mode GPUs on which MIG is not yet enabled",
+        "have MIG-mode GPUs on which MIG is not yet enabled",
+    ),
+    ReasonCode.NO_MIG_PLACEMENT: (
+        "has no MIG card with a free placement of the profile the pod needs",
+        "have no MIG card with a free placement of the profile the pod needs",
+    ),
     ReasonCode.UNKNOWN_NODE: (
         "is not registered with Tessera (no node plugin reported it)",
         "are not registered with Tessera (no node plugin reported them)",

@@ -26,6 +26,13 @@ class SliceClaim:
     memory_mib: int
     cores: int
     sidecar: bool = False  # an init container that keeps running (restartPolicy: Always)
+    mig_start: int = 0  # a MIG instance's placement on the card's memory slices
+    mig_size: int = 0  # 0: not a MIG instance
+
+    @property
+    def mig_mask(self) -> int:
+        """The memory slices the slice's MIG instance covers (0 for other slices)."""
+        return ((1 << self.mig_size) - 1) << self.mig_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +40,16 @@ class CardClaim:
     """The room one pod takes on one card.
 
     ``exclusive`` is True when any of the pod's slices there asks for 100% compute; no
-    other pod may then share the card.
+    other pod may then share the card. ``mig_mask``: the memory slices its MIG instances
+    there cover (init containers' too: an instance is the hardware's, held until the binding
+    ends).
     """
 
     memory_mib: int
     cores: int
     slots: int
     exclusive: bool
+    mig_mask: int = 0
 
 
 def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
@@ -56,9 +66,12 @@ def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
     side_use: dict[str, list[tuple[int, int, int]]] = {}  # card -> [(index, memory, cores)]
     app_use: dict[str, list[int]] = {}  # card -> [memory, cores, slices], sidecars included
     exclusive: set[str] = set()
+    masks: dict[str, int] = {}
     for s in slices:
         if s.cores >= 100:
             exclusive.add(s.card_uuid)
+        if s.mig_size:
+            masks[s.card_uuid] = masks.get(s.card_uuid, 0) | s.mig_mask
         if s.init and not s.sidecar:
             per_container = init_use.setdefault(s.card_uuid, {})
             mem, cores = per_container.get(s.container_index, (0, 0))
@@ -80,14 +93,22 @@ def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
             cores = max(cores, init_cores + sum(s[2] for s in before))
             slots = max(slots, 1 + len(before))
         result[card] = CardClaim(
-            memory_mib=mem, cores=cores, slots=slots, exclusive=card in exclusive
+            memory_mib=mem,
+            cores=cores,
+            slots=slots,
+            exclusive=card in exclusive,
+            mig_mask=masks.get(card, 0),
         )
     return result
 
 
 # (pod, card, container index, init, memory MiB, cores, sidecar): a slice as the ledger stores it,
-# with the pod's and the card's row ids.
-LedgerSlice = tuple[int, int, int, bool, int, int, bool]
+# with the pod's and the card's row ids; the ledger's rows may carry a MIG placement (start,
+# size) after these, which the claims leave out (the snapshot reads it).
+LedgerSlice = (
+    tuple[int, int, int, bool, int, int, bool]
+    | tuple[int, int, int, bool, int, int, bool, int | None, int | None]
+)
 
 
 def _tally(
@@ -103,7 +124,7 @@ def _tally(
     with_init = {r[0] for r in rows if r[3]}
     sums: dict[tuple[int, int], list[int]] = {}
     folded: dict[int, list[SliceClaim]] = {}
-    for pod, card, index, init, memory, cores, sidecar in rows:
+    for pod, card, index, init, memory, cores, sidecar, *_ in rows:  # the ledger's MIG columns
         if pod in with_init:
             folded.setdefault(pod, []).append(
                 SliceClaim(str(card), index, init, memory, cores, sidecar)

@@ -58,6 +58,9 @@ class SchedulingConfig:
     ``default_memory_mib`` wins over ``default_memory_percent``; when both are ``None`` a
     slice without a memory request takes the whole card's memory (HAMi's behaviour).
     ``default_cores`` 0 means "no compute limit": the slice shares compute best effort.
+    ``default_vgpu_modes``: the card modes (HAMi's names) of a pod without
+    ``nvidia.com/vgpu-mode``; empty means "hami-core". ``mig_resources``: whether NVIDIA's
+    ``nvidia.com/mig-<profile>`` resources are Tessera's to serve (docs/card-modes.md).
     """
 
     resources: ResourceNames = field(default_factory=ResourceNames)
@@ -66,8 +69,16 @@ class SchedulingConfig:
     default_cores: int = 0
     default_node_policy: str = BINPACK
     default_gpu_policy: str = SPREAD
+    default_vgpu_modes: tuple[str, ...] = ()
+    mig_resources: bool = False
 
     def __post_init__(self) -> None:
+        known = ("hami-core", "mig", "mps")
+        if any(m not in known for m in self.default_vgpu_modes):
+            raise ValueError(
+                f"default_vgpu_modes must be among {', '.join(known)}, "
+                f"got {self.default_vgpu_modes}"
+            )
         if self.default_memory_mib is not None and not (
             1 <= self.default_memory_mib <= MAX_MEMORY_MIB
         ):

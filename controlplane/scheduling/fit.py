@@ -14,14 +14,24 @@ infeasible ones to :func:`explain` (called when someone reads ``NodeFit.refusals
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
+from controlplane.scheduling.mig import (
+    MigGeometry,
+    MigProfile,
+    choose_start,
+    free_slices,
+    profile_for,
+)
 from controlplane.scheduling.request import SHARED_MODE, ContainerPlan, Plan, PodRequest
 from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
 from controlplane.scheduling.state import (
+    EXCLUSIVE,
     KEY_BITS,
     KEY_MASK,
+    MIG,
+    SHARED,
     CardState,
     NodeState,
     NodeView,
@@ -148,16 +158,9 @@ def _greedy(
                 cand.append((numa[p], room, p))
             else:
                 cand.append((room, numa[p], p))
-        gpus = cp.gpus
-        if len(cand) < gpus:
-            return _Failure(cp, [c[-1] for c in cand], work, own, view.labels)
-        cand.sort()
-        if plan.numa_bind and gpus > 1:
-            picks = _one_numa_node(cand, numa, gpus)
-            if picks is None:
-                return _Failure(cp, [c[-1] for c in cand], work, own, view.labels, True)
-        else:
-            picks = [c[-1] for c in cand[:gpus]]
+        picks = _best(cand, cp.gpus, plan.numa_bind, numa)
+        if not isinstance(picks, list):
+            return _Failure(cp, [c[-1] for c in cand], work, own, view.labels, picks)
         if not cp.init or cp.sidecar:
             exclusive = cores >= 100
             for p in picks:
@@ -170,6 +173,21 @@ def _greedy(
                 own.add(p)
         chosen.append(picks)
     return chosen
+
+
+def _best(
+    cand: list[tuple[int, ...]], gpus: int, numa_bind: bool, numa: tuple[int, ...]
+) -> list[int] | bool:
+    """The positions of the best ``gpus`` candidates (each ending in its position; sorted
+    here), or why there are none: False for too few, True for too few on any one NUMA node
+    (numa-bind)."""
+    if len(cand) < gpus:
+        return False
+    cand.sort()
+    if numa_bind and gpus > 1:
+        picks = _one_numa_node(cand, numa, gpus)
+        return True if picks is None else picks
+    return [c[-1] for c in cand[:gpus]]
 
 
 def _one_numa_node(
@@ -185,6 +203,108 @@ def _one_numa_node(
         if len(group) == gpus:
             return group
     return None
+
+
+# ------------------------------------------------------------------------- MIG cards
+
+
+class _MigFailure:
+    """Where the MIG greedy stopped: the container, the cards that had a placement for it,
+    and the memory slices taken on each card by then."""
+
+    __slots__ = ("candidates", "container", "numa_split", "own", "used")
+
+    def __init__(
+        self,
+        container: ContainerPlan,
+        candidates: list[int],
+        used: list[int],
+        own: set[int],
+        numa_split: bool = False,
+    ) -> None:
+        self.container = container
+        self.candidates = candidates
+        self.used = used
+        self.own = own
+        self.numa_split = numa_split
+
+
+def _mig_profile(cp: ContainerPlan, geometry: MigGeometry, card_mib: int) -> MigProfile | None:
+    """The profile one slice of ``cp`` takes on a card of this geometry: the one it names,
+    else the smallest that holds its per-card memory (no memory asked: the smallest)."""
+    if cp.mig_profile:
+        return geometry.profile(cp.mig_profile)
+    return profile_for(geometry, 0 if cp.kind == 2 else cp.need(card_mib))
+
+
+# (position, profile, start) per slice of a container
+_MigPicks = list[tuple[int, MigProfile, int]]
+
+
+def _mig_greedy(
+    view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None
+) -> list[_MigPicks] | _MigFailure:
+    """Choose a card and a placement for every slice of every container on MIG cards.
+
+    Each slice is one GPU instance on a distinct card of the container. A card is a
+    candidate when the slice's profile (:func:`_mig_profile`) has a free placement there;
+    the placement is the one that keeps the most room for the largest profiles
+    (``mig.choose_start``); cards are taken by free memory slices left after placement,
+    fewest first for binpack, most for spread, ties to the lower index (NUMA: as in
+    :func:`_greedy`). Every container's instances take room, init containers' too: an
+    instance is created for its container and lives until the pod's binding ends.
+    """
+    used = list(view.mig_used)
+    geo, tmem = view.mig_geo, view.tmem
+    binpack = plan.gpu_binpack
+    order = plan.numa_order
+    numa = view.numa if order or plan.numa_bind else ()
+    own: set[int] = set()
+    chosen: list[_MigPicks] = []
+    for cp in plan.containers:
+        cand: list[tuple[int, ...]] = []
+        where: dict[int, tuple[MigProfile, int]] = {}
+        for p in range(view.n):
+            g = geo[p]
+            if g is None or (allowed is not None and not allowed[p]):
+                continue
+            if cp.strict and used[p]:
+                continue
+            profile = _mig_profile(cp, g, tmem[p])
+            if profile is None:
+                continue
+            start = choose_start(g, profile, used[p])
+            if start is None:
+                continue
+            where[p] = (profile, start)
+            left = free_slices(g, used[p] | profile.mask(start))
+            room = left if binpack else -left
+            cand.append((room, p) if not order else _numa_key(room, p, numa[p], order))
+        picks = _best(cand, cp.gpus, plan.numa_bind, numa)
+        if not isinstance(picks, list):
+            return _MigFailure(cp, [c[-1] for c in cand], used, own, picks)
+        placed: _MigPicks = []
+        for p in picks:
+            profile, start = where[p]
+            used[p] |= profile.mask(start)
+            own.add(p)
+            placed.append((p, profile, start))
+        chosen.append(placed)
+    return chosen
+
+
+def _numa_key(room: int, p: int, node: int, order: int) -> tuple[int, int, int]:
+    """A candidate's sort key with its NUMA node before (order 1) or after the room."""
+    return (node, room, p) if order == 1 else (room, node, p)
+
+
+def _fits_mig(view: NodeView, plan: Plan) -> bool:
+    """Whether the MIG lane of the node takes the pod (the MIG greedy itself: MIG nodes are
+    few, and a card's placements do not reduce to one number)."""
+    lane = view.lane(MIG)
+    if lane is None or not lane.ok:
+        return False
+    return not isinstance(_mig_greedy(lane, plan, _allowed(lane, plan)), _MigFailure)
 
 
 # --------------------------------------------------------------- cheaper equivalents
@@ -418,13 +538,41 @@ def _fits_general(view: NodeView, plan: Plan) -> bool:
 def _fitter(plan: Plan) -> _Fitter:
     """The cheapest exact node test for ``plan``.
 
+    A pod that uses shared cards only (nearly all) is tested on the node's view, which holds
+    exactly its shared cards. Otherwise each of the plan's lanes is tried in order on the
+    node's cards of that mode: MPS and exclusive cards by the shared test, MIG cards by the
+    MIG greedy.
+    """
+    shared = _shared_fitter(plan)
+    if plan.shared_only:
+        return shared
+    tests: list[_Fitter] = []
+    for mode in plan.lanes:
+        if mode == MIG:
+            tests.append(partial(_fits_mig, plan=plan))
+        elif mode == SHARED:
+            tests.append(shared)
+        else:
+            tests.append(partial(_fits_lane, mode, shared))
+
+    def any_lane(view: NodeView) -> bool:
+        return any(test(view) for test in tests)
+
+    return any_lane
+
+
+def _fits_lane(mode: str, test: _Fitter, view: NodeView) -> bool:
+    lane = view.lane(mode)
+    return lane is not None and test(lane)
+
+
+def _shared_fitter(plan: Plan) -> _Fitter:
+    """The exact test of the shared greedy on one lane's view.
+
     With include/exclude annotations, a node where the pod may use every schedulable card
     is tested as if there were none, a node where it may use none fails, and only the
-    rest take the general path with a per-card mask. A pod that asks for a card mode no
-    Tessera card has (vgpu-mode) fits nowhere.
+    rest take the general path with a per-card mask.
     """
-    if plan.mode_refused:
-        return lambda view: False
     base = _shape_fitter(plan)
     if not plan.filtered:
         return base
@@ -492,7 +640,50 @@ def _card_name(card: CardState) -> str:
     return f"card {card.uuid} ({card.model})"
 
 
-def _static_reason(card: CardState, plan: Plan, request: PodRequest) -> Refusal | None:
+# The card modes as people read them, and as nvidia.com/vgpu-mode names them.
+_MODE_LABEL = {SHARED: "shared", MIG: "MIG", "mps": "MPS", EXCLUSIVE: "exclusive"}
+_VGPU_NAME = {SHARED: SHARED_MODE, MIG: "mig", "mps": "mps", EXCLUSIVE: SHARED_MODE}
+
+
+def _mode_reason(card: CardState, plan: Plan, lane: str) -> Refusal | None:
+    """Why the card's mode keeps the pod off it; None when the pod may use the card in its
+    mode (in this lane, or in another the pod tries, which explains it there)."""
+    name = _card_name(card)
+    if card.draining:
+        return Refusal(
+            ReasonCode.CARD_DRAINING,
+            f"{name} is draining for a mode change: it takes no new slices until its last one ends",
+            card.uuid,
+            False,
+        )
+    if card.mode in plan.lanes:
+        if card.mode == MIG and lane == MIG and not card.mig_enabled:
+            return Refusal(
+                ReasonCode.MIG_NOT_ENABLED,
+                f"{name} is in MIG mode, but MIG is not yet enabled on the GPU (the node plugin "
+                "turns it on; some GPUs need a reset first)",
+                card.uuid,
+                True,
+            )
+        return None
+    if card.mode == EXCLUSIVE and SHARED in plan.lanes:
+        why = (
+            "it takes only a slice that is the whole card (memory and compute 100%), which "
+            "the pod does not ask"
+        )
+    else:
+        why = f"the pod does not accept {_VGPU_NAME[card.mode]} (nvidia.com/vgpu-mode)"
+    return Refusal(
+        ReasonCode.MODE_MISMATCH,
+        f"{name} is in {_MODE_LABEL[card.mode]} mode; {why}",
+        card.uuid,
+        True,
+    )
+
+
+def _static_reason(
+    card: CardState, plan: Plan, request: PodRequest, lane: str = SHARED
+) -> Refusal | None:
     """Reasons that hold whatever else runs on the card."""
     name = _card_name(card)
     if not card.healthy:
@@ -502,6 +693,10 @@ def _static_reason(card: CardState, plan: Plan, request: PodRequest) -> Refusal 
         return Refusal(
             ReasonCode.CARD_CORDONED, f"{name} is cordoned by an operator", card.uuid, True
         )
+    if card.draining or card.mode != lane or (lane == MIG and not card.mig_enabled):
+        mode = _mode_reason(card, plan, lane)
+        if mode is not None:
+            return mode
     if not plan.filtered:
         return None
     model_l = card.model.lower()
@@ -630,21 +825,6 @@ def _all_excluded(node: NodeState, plan: Plan, request: PodRequest) -> Refusal:
     )
 
 
-def _mode_refusal(node: NodeState, request: PodRequest) -> Refusal:
-    """One refusal for a pod whose nvidia.com/vgpu-mode names no mode Tessera's cards are in."""
-    modes = " or ".join(m.upper() for m in request.vgpu_modes)
-    return Refusal(
-        ReasonCode.MODE_MISMATCH,
-        f"no card is in {modes} mode: the pod's nvidia.com/vgpu-mode asks for "
-        f"{', '.join(request.vgpu_modes)}, and the {len(node.cards)} card(s) of node "
-        f"{node.name}, like every Tessera card, share by slices (HAMi's {SHARED_MODE} mode); "
-        f"Tessera has no MIG or MPS cards yet. Set the annotation to {SHARED_MODE} (or remove "
-        "it) to run on shared slices",
-        None,
-        True,
-    )
-
-
 def _ever_fits(card: CardState, cp: ContainerPlan) -> bool:
     """Whether an otherwise empty copy of this (schedulable, allowed) card could take a slice."""
     return (
@@ -658,7 +838,9 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
     """Every reason the pod does not fit ``node``, most useful first (empty if it fits).
 
     Runs the same greedy as :func:`place_on_node`; for the container where it stops, each
-    card gets the first reason in the order documented in docs/scheduling.md.
+    card gets the first reason in the order documented in docs/scheduling.md. A pod that may
+    use cards of several modes gets each lane's reasons (a card in a mode it does not accept
+    is said once).
     """
     refusals: list[Refusal] = []
     if not node.ready:
@@ -690,10 +872,164 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
                 True,
             ),
         )
-    view = node.view
     plan = request.plan
-    if plan.mode_refused:
-        return (_mode_refusal(node, request),)
+    if plan.shared_only:
+        return _no_mode(node, request, _explain_lane(node, node.view, plan, request))
+    found: dict[Refusal, None] = {}
+    for mode in plan.lanes:
+        # A lane the node has no card of is still walked: each card then says its mode.
+        lane = node.view.lane(mode) or NodeView(node.ready, node.cordoned, node.cards, mode)
+        explained = (
+            _explain_mig(node, lane, plan, request)
+            if mode == MIG
+            else _explain_lane(node, lane, plan, request, mode)
+        )
+        if not explained:
+            return ()
+        found.update(dict.fromkeys(explained))
+    return _no_mode(node, request, tuple(sorted(found, key=lambda r: r.permanent)))
+
+
+def _no_mode(
+    node: NodeState, request: PodRequest, refusals: tuple[Refusal, ...]
+) -> tuple[Refusal, ...]:
+    """One line for a node none of whose cards is in a mode the pod accepts."""
+    if not refusals or any(r.code is not ReasonCode.MODE_MISMATCH for r in refusals):
+        return refusals
+    plan = request.plan
+    wanted = " or ".join(dict.fromkeys(_MODE_LABEL[m] for m in plan.lanes if m != EXCLUSIVE))
+    held = ", ".join(sorted({_MODE_LABEL[c.mode] for c in node.cards}))
+    accepts = ", ".join(request.vgpu_modes) or SHARED_MODE
+    return (
+        Refusal(
+            ReasonCode.MODE_MISMATCH,
+            f"no card is in {wanted} mode: the pod's nvidia.com/vgpu-mode accepts {accepts}, "
+            f"and the {len(node.cards)} card(s) of node {node.name} are in {held} mode",
+            None,
+            True,
+        ),
+    )
+
+
+def _explain_mig(
+    node: NodeState, view: NodeView, plan: Plan, request: PodRequest
+) -> tuple[Refusal, ...]:
+    """:func:`explain` on a node's MIG lane."""
+    outcome = _mig_greedy(view, plan, _allowed(view, plan))
+    if not isinstance(outcome, _MigFailure):
+        return ()
+    cp = outcome.container
+    who = _who(cp)
+    candidates = set(outcome.candidates)
+    per_card: list[Refusal] = []
+    for card, p in _room_cards(view, plan, request, MIG, per_card):
+        if p not in candidates:
+            per_card.append(_mig_room_reason(card, view.mig_geo[p], cp, outcome, p, who))
+    refusals: list[Refusal] = []
+    if outcome.numa_split:
+        refusals.append(
+            Refusal(
+                ReasonCode.TOO_FEW_CARDS,
+                f"{who} needs {cp.gpus} MIG cards with a free placement on one NUMA node "
+                f"(nvidia.com/numa-bind); node {node.name} has {len(candidates)}, not on one "
+                "NUMA node",
+                None,
+                False,
+            )
+        )
+    elif candidates or not per_card:
+        refusals.append(
+            _too_few(who, cp.gpus, "MIG cards with a free placement", node, len(candidates))
+        )
+    return _then_cards(refusals, per_card)
+
+
+def _too_few(who: str, gpus: int, what: str, node: NodeState, have: int) -> Refusal:
+    return Refusal(
+        ReasonCode.TOO_FEW_CARDS,
+        f"{who} needs {gpus} distinct {what}; node {node.name} has {have} now",
+        None,
+        False,
+    )
+
+
+def _then_cards(refusals: list[Refusal], per_card: list[Refusal]) -> tuple[Refusal, ...]:
+    """The node-wide refusals, then the per-card ones, those that waiting can fix first: they
+    are what a person wants to see."""
+    per_card.sort(key=lambda r: r.permanent)
+    return (*refusals, *per_card)
+
+
+def _mig_room_reason(
+    card: CardState,
+    geometry: MigGeometry | None,
+    cp: ContainerPlan,
+    failure: _MigFailure,
+    p: int,
+    who: str,
+) -> Refusal:
+    """Why a schedulable MIG card has no instance for the failing container's slice."""
+    name = _card_name(card)
+    if geometry is None:
+        return Refusal(
+            ReasonCode.NO_MIG_PLACEMENT,
+            f"{name} is in MIG mode, but Tessera knows no MIG profiles of this model",
+            card.uuid,
+            True,
+        )
+    profile = _mig_profile(cp, geometry, card.memory_mib)
+    if profile is None:
+        if cp.mig_profile:
+            why = f"the {geometry.name} has no {cp.mig_profile} profile"
+        else:
+            largest = max(geometry.profiles, key=lambda q: q.memory_mib)
+            why = (
+                f"{who} needs {cp.need(card.memory_mib)} MiB; the largest profile, "
+                f"{largest.name}, has {largest.memory_mib} MiB"
+            )
+        return Refusal(ReasonCode.NO_MIG_PLACEMENT, f"{name}: MIG mode, {why}", card.uuid, True)
+    note = " (after this pod's earlier containers)" if p in failure.own else ""
+    if cp.strict and failure.used[p]:
+        return Refusal(
+            ReasonCode.EXCLUSIVE_CONFLICT,
+            f"{name}: MIG mode, already holds instances{note}; the pod's GPU policy is mutex "
+            "(only cards that hold no slice)",
+            card.uuid,
+            False,
+        )
+    return Refusal(
+        ReasonCode.NO_MIG_PLACEMENT,
+        f"{name}: MIG mode, no free {profile.name} placement{note}",
+        card.uuid,
+        False,
+    )
+
+
+def _room_cards(
+    view: NodeView, plan: Plan, request: PodRequest, lane: str, per_card: list[Refusal]
+) -> Iterator[tuple[CardState, int]]:
+    """The cards of a lane's explanation that need a reason about room, with their positions.
+
+    Unschedulable cards (p < 0) always have a static reason, schedulable ones only when the
+    pod filters cards: those go straight into ``per_card``. A card of another lane the pod
+    tries is skipped: that lane explains it.
+    """
+    for card, p in view.by_index:
+        if p < 0 or plan.filtered:
+            static = _static_reason(card, plan, request, lane)
+            if static is not None:
+                per_card.append(static)
+                continue
+            if p < 0:
+                continue
+        yield card, p
+
+
+def _explain_lane(
+    node: NodeState, view: NodeView, plan: Plan, request: PodRequest, lane: str = SHARED
+) -> tuple[Refusal, ...]:
+    """:func:`explain` on one lane of shared-style cards (shared, MPS or exclusive)."""
+    refusals: list[Refusal] = []
     allowed = _allowed(view, plan)
     if (
         allowed is not None
@@ -715,14 +1051,7 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
     ever_on: dict[int, int] = {}
     room_on: dict[int, int] = {}
     per_card: list[Refusal] = []
-    for card, p in view.by_index:
-        # Unschedulable cards (p < 0) always have a static reason; schedulable ones only
-        # when the pod filters cards.
-        if p < 0 or plan.filtered:
-            static = _static_reason(card, plan, request)
-            if static is not None:
-                per_card.append(static)
-                continue
+    for card, p in _room_cards(view, plan, request, lane, per_card):
         if _ever_fits(card, cp):
             ever += 1
             if bound:
@@ -767,19 +1096,8 @@ def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
             )
         )
     elif candidates:
-        refusals.append(
-            Refusal(
-                ReasonCode.TOO_FEW_CARDS,
-                f"{who} needs {need_cards} distinct cards with room; "
-                f"node {node.name} has {len(candidates)} now",
-                None,
-                False,
-            )
-        )
-    # Things that waiting can fix first: they are what a person wants to see.
-    per_card.sort(key=lambda r: r.permanent)
-    refusals.extend(per_card)
-    return tuple(refusals)
+        refusals.append(_too_few(who, need_cards, "cards with room", node, len(candidates)))
+    return _then_cards(refusals, per_card)
 
 
 # -------------------------------------------------------------------------- public API
@@ -796,15 +1114,27 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
     """Choose a card for every slice by ``request.gpu_policy``, or say why it cannot.
 
     Assignments come in container order (init containers first), each container's slices
-    best card first.
+    best card first. The pod's lanes are tried in order; the first that takes it wins.
     """
-    view = node.view
     plan = request.plan
-    if not view.ok or plan.mode_refused:
-        return NodeFit(node.name, False, explain(node, request))
-    outcome = _greedy(view, plan, _allowed(view, plan))
-    if isinstance(outcome, _Failure):
-        return NodeFit(node.name, False, explain(node, request))
+    for mode in plan.lanes:
+        view = node.view.lane(mode)
+        if view is None or not view.ok:
+            continue
+        if mode == MIG:
+            placed = _mig_greedy(view, plan, _allowed(view, plan))
+            if not isinstance(placed, _MigFailure):
+                return _mig_assignments(view, plan, placed)
+            continue
+        outcome = _greedy(view, plan, _allowed(view, plan))
+        if not isinstance(outcome, _Failure):
+            return _assignments(view, plan, outcome, mode)
+    return NodeFit(node.name, False, explain(node, request))
+
+
+def _assignments(
+    view: NodeView, plan: Plan, outcome: list[list[int]], mode: str
+) -> tuple[Assignment, ...]:
     out: list[Assignment] = []
     for cp, picks in zip(plan.containers, outcome, strict=True):
         c = cp.request
@@ -820,6 +1150,35 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
                     cores=c.cores,
                     sidecar=c.sidecar,
                     priority=c.priority,
+                    mode=mode,
+                )
+            )
+    return tuple(out)
+
+
+def _mig_assignments(
+    view: NodeView, plan: Plan, outcome: list[_MigPicks]
+) -> tuple[Assignment, ...]:
+    out: list[Assignment] = []
+    for cp, picks in zip(plan.containers, outcome, strict=True):
+        c = cp.request
+        for p, profile, start in picks:
+            geometry = view.mig_geo[p]
+            assert geometry is not None
+            out.append(
+                Assignment(
+                    container_name=c.name,
+                    container_index=c.index,
+                    init=c.init,
+                    card_uuid=view.cards[p].uuid,
+                    memory_mib=profile.memory_mib,
+                    cores=geometry.compute_percent(profile),
+                    sidecar=c.sidecar,
+                    priority=c.priority,
+                    mode=MIG,
+                    mig_profile=profile.name,
+                    mig_start=start,
+                    mig_size=profile.memory_slices,
                 )
             )
     return tuple(out)
@@ -848,10 +1207,21 @@ def _fixed_demand(plan: Plan) -> int | None:
     return None
 
 
+def _score_view(view: NodeView, plan: Plan) -> NodeView:
+    """The cards a score counts: the first of the pod's lanes the node has cards in."""
+    if plan.shared_only:
+        return view
+    for mode in plan.lanes:
+        lane = view.lane(mode)
+        if lane is not None and lane.n:
+            return lane
+    return view
+
+
 def score_node(node: NodeState, request: PodRequest) -> int:
     """0..10 by ``request.node_policy`` (binpack: fuller after placement scores higher)."""
     plan = request.plan
-    return _score(node.view, plan, _fixed_demand(plan))
+    return _score(_score_view(node.view, plan), plan, _fixed_demand(plan))
 
 
 def filter_nodes(
@@ -905,7 +1275,7 @@ def _shape_key(plan: Plan) -> tuple[int, int] | None:
     """(MiB, compute) for the common shape whose node test depends on nothing else: one
     container, one slice of absolute memory, no card filters. None for any other."""
     cp = plan.single
-    if plan.filtered or plan.abs_apps is not None or cp is None:
+    if plan.filtered or plan.abs_apps is not None or cp is None or not plan.shared_only:
         return None
     if cp.kind != 0 or cp.cores >= 100:
         return None
@@ -919,6 +1289,13 @@ def prioritize(
     plan = request.plan
     fixed = _fixed_demand(plan)
     binpack = plan.node_binpack
+    if not plan.shared_only:
+        by = snapshot.by_name
+        return [
+            (name, _score(_score_view(node.view, plan), plan, fixed) if node else 0)
+            for name in names
+            for node in (by.get(name),)
+        ]
     if fixed is not None:  # the score depends on the node and these two only: memoised
         scores = snapshot.per_node(
             ("score", fixed, binpack), lambda node: _score(node.view, plan, fixed), 0

@@ -21,7 +21,9 @@ from controlplane.scheduling.config import (
     SPREAD,
     SchedulingConfig,
 )
+from controlplane.scheduling.mig import GEOMETRIES
 from controlplane.scheduling.quantity import parse_quantity
+from controlplane.scheduling.state import EXCLUSIVE, MIG, MPS, SHARED
 
 ANN_USE_TYPE = "nvidia.com/use-gputype"
 ANN_NOUSE_TYPE = "nvidia.com/nouse-gputype"
@@ -34,10 +36,12 @@ ANN_HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 ANN_NUMA_BIND = "nvidia.com/numa-bind"
 ANN_VGPU_MODE = "nvidia.com/vgpu-mode"
 
-#: HAMi's card modes (nvidia.com/vgpu-mode). Every Tessera card shares by slices, HAMi's
-#: "hami-core" mode; none is in MIG or MPS mode yet.
+#: HAMi's names for the card modes a pod accepts (nvidia.com/vgpu-mode): "hami-core" is a
+#: shared card, or an exclusive one for a slice that is the whole card (docs/card-modes.md).
 SHARED_MODE = "hami-core"
 VGPU_MODES: tuple[str, ...] = (SHARED_MODE, "mig", "mps")
+#: NVIDIA's per-profile resources (nvidia.com/mig-3g.40gb), served where the setting says.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 #: Task priorities (nvidia.com/priority): 0 high, 1 low.
 PRIORITIES: tuple[int, ...] = (0, 1)
 # strconv.ParseBool's spellings, which HAMi reads nvidia.com/numa-bind with.
@@ -77,6 +81,7 @@ class ContainerRequest:
     cores: int
     sidecar: bool = False
     priority: int | None = None
+    mig_profile: str | None = None  # asked by name (nvidia.com/mig-<profile>): MIG cards only
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus <= MAX_GPUS_PER_CONTAINER:
@@ -116,10 +121,14 @@ class ContainerPlan:
 
     ``kind`` 0: absolute MiB in ``value``; 1: percent in ``value``; 2: whole card.
     ``strict``: the slice takes only a card that holds no slice yet (it asks 100% compute, or
-    the pod's GPU policy is ``mutex``).
+    the pod's GPU policy is ``mutex``). ``whole``: memory and compute of the whole card (the
+    one slice an exclusive-mode card takes).
     """
 
-    __slots__ = ("cores", "gpus", "init", "kind", "request", "sidecar", "strict", "value")
+    __slots__ = (
+        "cores", "gpus", "init", "kind", "mig_profile", "request", "sidecar", "strict", "value",
+        "whole",
+    )  # fmt: skip
 
     def __init__(self, request: ContainerRequest, mutex: bool = False) -> None:
         self.request = request
@@ -134,6 +143,8 @@ class ContainerPlan:
             self.kind, self.value = 1, request.memory_percent
         else:
             self.kind, self.value = 2, 100
+        self.whole = self.kind != 0 and self.value == 100 and self.cores >= 100
+        self.mig_profile = request.mig_profile
 
     def need(self, total_mib: int) -> int:
         """MiB one slice takes on a card of ``total_mib``."""
@@ -154,8 +165,11 @@ class Plan:
     The rarer asks turn the fast paths off: ``mutex`` (every slice strict), a NUMA order of
     cards (``numa_order`` 1: NUMA node first, 2: after the room left), ``numa_bind`` (a
     container's slices on one NUMA node; only meaningful with 2+ GPUs) and sidecar init
-    containers make the filter take the general path or the greedy itself (``greedy_only``);
-    ``mode_refused`` (a vgpu-mode no Tessera card has) refuses every node.
+    containers make the filter take the general path or the greedy itself (``greedy_only``).
+
+    ``lanes``: the card modes the pod may use, in the order they are tried (a pod's slices all
+    go to cards of one mode): from ``nvidia.com/vgpu-mode``, "hami-core" being the shared
+    lane, preceded by the exclusive lane when every slice is the whole card.
     """
 
     __slots__ = (
@@ -171,9 +185,9 @@ class Plan:
         "gpu_binpack",
         "greedy_only",
         "inits",
+        "lanes",
         "mask_memo",
         "max_app_gpus",
-        "mode_refused",
         "mutex",
         "node_binpack",
         "nouse_types",
@@ -205,7 +219,7 @@ class Plan:
         self.apps = tuple(c for c in self.containers if not c.init)
         self.numa_bind = request.numa_bind and any(c.gpus > 1 for c in self.containers)
         self.greedy_only = self.numa_bind or any(c.sidecar for c in self.containers)
-        self.mode_refused = SHARED_MODE not in request.vgpu_modes if request.vgpu_modes else False
+        self.lanes = _lanes(request.vgpu_modes, self.containers)
         self.use_types = request.use_types
         self.nouse_types = request.nouse_types
         self.use_uuids = frozenset(request.use_uuids)
@@ -215,7 +229,7 @@ class Plan:
         )
         self.node_binpack = request.node_policy == BINPACK
         # The fast shapes below assume plain binpack/spread over independent cards.
-        plain = not (self.mutex or self.numa_order or self.greedy_only or self.mode_refused)
+        plain = not (self.mutex or self.numa_order or self.greedy_only)
         only = self.containers[0] if len(self.containers) == 1 else None
         # The shapes below ignore card filters: with filters the filter first works out
         # which cards the pod may use, and uses these shapes when that is all of them.
@@ -272,6 +286,11 @@ class Plan:
                 init_peak = max(init_peak, amount + sidecars)
         return max(steady, init_peak)
 
+    @property
+    def shared_only(self) -> bool:
+        """The pod uses shared cards only (every pod that does not say otherwise)."""
+        return self.lanes == _SHARED_LANE
+
     def type_allowed(self, model_l: str) -> bool:
         """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""
         hit = self.type_memo.get(model_l)
@@ -289,6 +308,28 @@ class Plan:
         if self.use_uuids and uuid_l not in self.use_uuids:
             return False
         return uuid_l not in self.nouse_uuids
+
+
+_SHARED_LANE = (SHARED,)
+
+
+def _lanes(vgpu_modes: tuple[str, ...], containers: tuple[ContainerPlan, ...]) -> tuple[str, ...]:
+    """The card modes a pod may use, in the order tried (Plan.lanes)."""
+    if any(c.mig_profile for c in containers):
+        return (MIG,)
+    if not vgpu_modes or vgpu_modes == (SHARED_MODE,):
+        if all(c.whole for c in containers):
+            return (EXCLUSIVE, SHARED)
+        return _SHARED_LANE
+    lanes: list[str] = []
+    for mode in vgpu_modes:
+        if mode == SHARED_MODE:
+            if all(c.whole for c in containers):
+                lanes.append(EXCLUSIVE)
+            lanes.append(SHARED)
+        else:
+            lanes.append(MIG if mode == "mig" else MPS)
+    return tuple(lanes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +410,7 @@ class PodRequest:
                     "memory_percent": c.memory_percent,
                     "cores": c.cores,
                     "priority": c.priority,
+                    **({"mig_profile": c.mig_profile} if c.mig_profile else {}),
                 }
                 for c in self.containers
             ],
@@ -409,6 +451,7 @@ class PodRequest:
                         cores=_get_typed(raw, "cores", int, path),
                         sidecar=_get_typed(raw, "sidecar", bool, path, False),
                         priority=_get_optional_int(raw, "priority", path),
+                        mig_profile=_get_typed(raw, "mig_profile", str, path, None),
                     )
                 )
             except ValueError as exc:
@@ -536,6 +579,14 @@ def parse_pod(
         value = _annotation(annotations, key)
         return "" if value is None else value
 
+    modes = _vgpu_modes(annotations) or config.default_vgpu_modes
+    if any(c.mig_profile for c in containers) and modes and "mig" not in modes:
+        raise RequestError(
+            f"metadata.annotations.{ANN_VGPU_MODE}",
+            f"is {','.join(modes)} but a container asks for a {MIG_RESOURCE_PREFIX}<profile> "
+            "resource, which only a MIG card serves; add mig or remove the annotation",
+        )
+
     return PodRequest(
         uid=_optional_str(metadata, "uid", "metadata"),
         namespace=_optional_str(metadata, "namespace", "metadata") or "default",
@@ -551,7 +602,7 @@ def parse_pod(
         ),
         gpu_policy=_gpu_policy(annotations, config.default_gpu_policy),
         numa_bind=_numa_bind(annotations),
-        vgpu_modes=_vgpu_modes(annotations),
+        vgpu_modes=modes,
     )
 
 
@@ -673,6 +724,11 @@ def _parse_container(
         return None
 
     gpu = lookup(names.gpu)
+    profile = _mig_profile(limits, requests, path, lookup) if config.mig_resources else None
+    if profile is not None and profile[1] == 0:
+        profile = None  # "nvidia.com/mig-1g.10gb: 0" asks for nothing
+    if profile is not None:
+        gpu = _gpus_for_profile(gpu, profile)
     mem = lookup(names.gpumem)
     pct = lookup(names.gpumem_percentage)
     cores = lookup(names.gpucores)
@@ -695,6 +751,11 @@ def _parse_container(
         )
     if gpu is None and not others:
         return None
+    if profile is not None and others:
+        raise RequestError(
+            f"{path}.resources.limits.{MIG_RESOURCE_PREFIX}{profile[0]}",
+            f"names a MIG profile, whose memory and compute are fixed; remove {', '.join(others)}",
+        )
 
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -746,4 +807,47 @@ def _parse_container(
         cores=config.default_cores if cores is None else cores[0],
         sidecar=sidecar,
         priority=None if asked is None else asked[0],
+        mig_profile=None if profile is None else profile[0],
     )
+
+
+def _mig_profile(
+    limits: Mapping[str, Any],
+    requests: Mapping[str, Any],
+    path: str,
+    lookup: Callable[[str], tuple[int, str] | None],
+) -> tuple[str, int, str] | None:
+    """The container's ``nvidia.com/mig-<profile>: N`` as (profile, N, field), or None."""
+    keys = sorted({k for k in (*limits, *requests) if k.startswith(MIG_RESOURCE_PREFIX)})
+    if not keys:
+        return None
+    if len(keys) > 1:
+        raise RequestError(
+            f"{path}.resources",
+            f"asks for {', '.join(keys)}; a container takes instances of one MIG profile",
+        )
+    found = lookup(keys[0])
+    assert found is not None
+    name = keys[0][len(MIG_RESOURCE_PREFIX) :].lower()
+    if not _known_profile(name):
+        raise RequestError(
+            found[1], f"names MIG profile {name!r}, which no GPU model Tessera knows has"
+        )
+    return name, found[0], found[1]
+
+
+def _known_profile(name: str) -> bool:
+    return any(g.profile(name) is not None for g in GEOMETRIES)
+
+
+def _gpus_for_profile(
+    gpu: tuple[int, str] | None, profile: tuple[str, int, str]
+) -> tuple[int, str] | None:
+    """The container's GPU count given its MIG profile ask: N instances are N GPUs. The
+    webhook adds ``nvidia.com/gpu: N`` beside it; a different count is a contradiction."""
+    name, count, where = profile
+    if gpu is not None and gpu[0] != count:
+        raise RequestError(
+            gpu[1], f"is {gpu[0]} but {MIG_RESOURCE_PREFIX}{name} asks for {count} instances"
+        )
+    return (count, where) if gpu is None else gpu

@@ -33,6 +33,9 @@ class ReasonCode(enum.StrEnum):
     QUOTA_EXCEEDED = "QuotaExceeded"
     UNKNOWN_NODE = "UnknownNode"
     MODE_MISMATCH = "ModeMismatch"
+    CARD_DRAINING = "CardDraining"
+    MIG_NOT_ENABLED = "MigNotEnabled"
+    NO_MIG_PLACEMENT = "NoMigPlacement"
 
 
 # Short labels for one-line summaries ("also: 3 insufficient memory").
@@ -52,6 +55,9 @@ _LABELS: dict[ReasonCode, str] = {
     ReasonCode.QUOTA_EXCEEDED: "quota exceeded",
     ReasonCode.UNKNOWN_NODE: "unknown node",
     ReasonCode.MODE_MISMATCH: "mode mismatch",
+    ReasonCode.CARD_DRAINING: "card draining",
+    ReasonCode.MIG_NOT_ENABLED: "MIG not enabled",
+    ReasonCode.NO_MIG_PLACEMENT: "no MIG placement",
 }
 
 
@@ -76,7 +82,9 @@ class Assignment:
     """One slice of one container placed on one card.
 
     ``sidecar`` and ``priority`` are the container's (see ContainerRequest), carried so the
-    ledger row and the allocation record say them without the request at hand.
+    ledger row and the allocation record say them without the request at hand. ``mode`` is
+    the card's (docs/card-modes.md); on a MIG card the slice is one GPU instance of
+    ``mig_profile`` covering ``mig_size`` memory slices from ``mig_start``.
     """
 
     container_name: str
@@ -87,6 +95,10 @@ class Assignment:
     cores: int
     sidecar: bool = False
     priority: int | None = None
+    mode: str = "shared"
+    mig_profile: str = ""
+    mig_start: int = 0
+    mig_size: int = 0
 
     def to_claim(self) -> SliceClaim:
         """The ledger row this assignment becomes."""
@@ -97,6 +109,8 @@ class Assignment:
             memory_mib=self.memory_mib,
             cores=self.cores,
             sidecar=self.sidecar,
+            mig_start=self.mig_start,
+            mig_size=self.mig_size,
         )
 
 

@@ -14,8 +14,16 @@ from itertools import pairwise
 from typing import Any, TypeVar
 
 from controlplane.scheduling.claims import CardClaim
+from controlplane.scheduling.mig import MigGeometry, geometry_for
 
 V = TypeVar("V")
+
+#: Card modes (docs/card-modes.md): how a card is shared, and so which slices it takes.
+SHARED = "shared"
+MIG = "mig"
+MPS = "mps"
+EXCLUSIVE = "exclusive"
+CARD_MODES: tuple[str, ...] = (SHARED, MIG, MPS, EXCLUSIVE)
 MEMO_KEYS = 8  # Snapshot.per_node: pod shapes remembered per snapshot
 
 
@@ -37,6 +45,10 @@ class CardState:
     used_compute: int = 0
     used_slots: int = 0
     exclusive: bool = False  # holds a slice with 100% compute
+    mode: str = SHARED  # one of CARD_MODES
+    draining: bool = False  # a mode change waits for the card's slices to end: takes nothing
+    mig_enabled: bool = False  # MIG is on in the GPU now (the node plugin says so)
+    mig_used: int = 0  # memory slices MIG instances cover, bit i = slice i
 
     @property
     def schedulable(self) -> bool:
@@ -69,6 +81,7 @@ class CardState:
         return self.slots - self.used_slots
 
 
+_NO_MODES: frozenset[str] = frozenset()
 NO_NUMA = 1 << 30  # NodeView.numa of a card without a reported NUMA node
 KEY_BITS = 6
 KEY_SPAN = 1 << KEY_BITS
@@ -89,7 +102,9 @@ class NodeView:
     """
 
     __slots__ = (
+        "_lanes",
         "_numa",
+        "_ready",
         "_tcu",
         "_text",
         "avg_mem",
@@ -112,16 +127,24 @@ class NodeView:
         "max_fmem",
         "mem_total",
         "mem_used",
+        "mig_geo",
+        "mig_used",
         "min_live_slots",
+        "mode",
+        "modes",
         "n",
         "ok",
         "raw_fmem",
         "tmem",
     )
 
-    def __init__(self, ready: bool, cordoned: bool, cards: tuple[CardState, ...]) -> None:
+    def __init__(
+        self, ready: bool, cordoned: bool, cards: tuple[CardState, ...], mode: str = SHARED
+    ) -> None:
         # One pass over the cards (this runs for every node of every snapshot), in index
-        # order; selectors usually hand cards over sorted already.
+        # order; selectors usually hand cards over sorted already. The view holds the cards
+        # of one mode (its lane): a node's view is the shared lane, and `lane` builds the
+        # others on first use, for the few nodes that have such cards.
         ordered = cards
         if any(a.index > b.index for a, b in pairwise(cards)):
             ordered = tuple(sorted(cards, key=lambda c: c.index))  # stable: ties keep order
@@ -135,8 +158,17 @@ class NodeView:
         excl: list[bool] = []
         fmem: list[int] = []
         used_mem = 0
+        modes: set[str] | None = None
+        mig = mode == MIG
         for c in ordered:
-            if not c.healthy or c.cordoned:
+            if not c.healthy or c.cordoned or c.draining or c.mode != mode:
+                by_index.append((c, -1))
+                if c.mode != SHARED:
+                    if modes is None:
+                        modes = set()
+                    modes.add(c.mode)
+                continue
+            if mig and not c.mig_enabled:  # MIG set but not on in the GPU yet
                 by_index.append((c, -1))
                 continue
             by_index.append((c, len(sched)))
@@ -205,6 +237,34 @@ class NodeView:
         self._text: _Texts | None = None
         self._tcu: tuple[int, ...] | None = None
         self._numa: tuple[int, ...] | None = None
+        self.mode = mode
+        # The other modes some card of the node is in (empty on an all-shared node: the
+        # filter then never looks further).
+        self.modes: frozenset[str] = _NO_MODES if modes is None else frozenset(modes)
+        self._ready = (ready, cordoned)
+        self._lanes: dict[str, NodeView] | None = None
+        if mig:
+            self.mig_geo: tuple[MigGeometry | None, ...] = tuple(
+                geometry_for(c.model) for c in self.cards
+            )
+            self.mig_used: tuple[int, ...] = tuple(c.mig_used for c in self.cards)
+
+    def lane(self, mode: str) -> NodeView | None:
+        """The view of this node's cards in ``mode`` (asked of the node's own view, the shared
+        lane; built once), None when no card of the node is in that mode."""
+        if mode == self.mode:
+            return self
+        if mode not in self.modes:
+            return None
+        lanes = self._lanes
+        if lanes is None:
+            lanes = self._lanes = {}
+        view = lanes.get(mode)
+        if view is None:
+            ready, cordoned = self._ready
+            cards = tuple(c for c, _ in self.by_index)
+            view = lanes[mode] = NodeView(ready, cordoned, cards, mode)
+        return view
 
     @property
     def tcu(self) -> tuple[int, ...]:
@@ -289,6 +349,7 @@ class NodeState:
                 used_compute=card.used_compute + claim.cores,
                 used_slots=card.used_slots + claim.slots,
                 exclusive=card.exclusive or claim.exclusive,
+                mig_used=card.mig_used | claim.mig_mask,
             )
             for card in self.cards
         )
