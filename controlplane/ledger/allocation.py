@@ -128,6 +128,8 @@ class Device:
     card_index: int
     memory_mib: int
     cores: int
+    mode: str = "shared"  # the card's mode (docs/card-modes.md)
+    mig: tuple[str, int, int] | None = None  # a MIG instance: (profile, start, size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,20 +143,26 @@ class ContainerAllocation:
 
 
 # (container name, container index, init, card UUID, card index, memory MiB, compute percent,
-# sidecar, priority): the slice columns `SLICE_COLUMNS` names, in that order
-SliceRow = tuple[str, int, bool, str, int, int, int, bool, int | None]
+# sidecar, priority, card mode, MIG profile, start, size): the slice columns `SLICE_COLUMNS`
+# names, in that order (the placement is None, the profile blank, on other than MIG cards)
+SliceRow = tuple[
+    str, int, bool, str, int, int, int, bool, int | None, str, str, int | None, int | None
+]
 SLICE_COLUMNS = (
     "container_name", "container_index", "init_container", "card__uuid", "card__index",
-    "memory_mib", "compute_percent", "sidecar", "priority",
+    "memory_mib", "compute_percent", "sidecar", "priority", "card__mode", "mig_profile",
+    "mig_start", "mig_size",
 )  # fmt: skip
 
 
 def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
     """The record's containers from one binding's slices, one row per (container, card)."""
     containers: dict[tuple[bool, int], tuple[str, bool, int | None, list[Device]]] = {}
-    for name, index, init, uuid, card_index, memory, cores, sidecar, priority in rows:
+    for (name, index, init, uuid, card_index, memory, cores, sidecar, priority, mode, profile,
+         start, size) in rows:  # fmt: skip
         entry = containers.setdefault((init, index), (name, sidecar, priority, []))
-        entry[3].append(Device(uuid, card_index, memory, cores))
+        mig = (profile, start or 0, size) if profile and size else None
+        entry[3].append(Device(uuid, card_index, memory, cores, mode, mig))
     return [
         ContainerAllocation(name, index, init, tuple(devices), sidecar, priority)
         for (init, index), (name, sidecar, priority, devices) in containers.items()
@@ -166,12 +174,21 @@ def in_visible_order(devices: Iterable[Device]) -> list[Device]:
     return sorted(devices, key=lambda d: (d.card_index, d.uuid))
 
 
+def _device(d: Device) -> dict[str, Any]:
+    out: dict[str, Any] = {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
+    # `mode` and `mig` only when they say something: a shared device reads as before
+    # (docs/card-modes.md, "The allocation record").
+    if d.mode != "shared":
+        out["mode"] = d.mode
+    if d.mig is not None:
+        profile, start, size = d.mig
+        out["mig"] = {"profile": profile, "size": size, "start": start}
+    return out
+
+
 def _container(c: ContainerAllocation) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "devices": [
-            {"cores": d.cores, "memory_mib": d.memory_mib, "uuid": d.uuid}
-            for d in in_visible_order(c.devices)
-        ],
+        "devices": [_device(d) for d in in_visible_order(c.devices)],
         "index": c.index,
         "init": c.init,
         "name": c.name,
@@ -232,6 +249,8 @@ class AllocatedDevice:
     uuid: str
     memory_mib: int
     cores: int
+    mode: str = "shared"
+    mig: tuple[str, int, int] | None = None  # (profile, start, size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,10 +304,7 @@ def verify_allocation(pod_annotations: Mapping[str, str]) -> Allocation:
                     name=str(c["name"]),
                     index=int(c["index"]),
                     init=bool(c["init"]),
-                    devices=tuple(
-                        AllocatedDevice(str(d["uuid"]), int(d["memory_mib"]), int(d["cores"]))
-                        for d in c["devices"]
-                    ),
+                    devices=tuple(_allocated_device(d) for d in c["devices"]),
                     sidecar=bool(c.get("sidecar", False)),
                     priority=None if c.get("priority") is None else int(c["priority"]),
                 )
@@ -299,3 +315,24 @@ def verify_allocation(pod_annotations: Mapping[str, str]) -> Allocation:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidAllocation(f"the allocation is malformed: {exc!r}") from None
+
+
+_MODES = ("shared", "mig", "mps", "exclusive")
+
+
+def _allocated_device(d: Mapping[str, Any]) -> AllocatedDevice:
+    """One device object of a record; `mode` and `mig` as docs/card-modes.md says."""
+    mode = d.get("mode", "shared")
+    if mode not in _MODES:
+        raise InvalidAllocation(f"device mode {mode!r} is not one of {', '.join(_MODES)}")
+    mig = d.get("mig")
+    if (mig is not None) != (mode == "mig"):
+        raise InvalidAllocation(f"device mig must be present exactly on a mig device ({mode})")
+    placement = None
+    if mig is not None:
+        if not isinstance(mig, Mapping):
+            raise InvalidAllocation("device mig must be an object")
+        placement = (str(mig["profile"]), int(mig["start"]), int(mig["size"]))
+    return AllocatedDevice(
+        str(d["uuid"]), int(d["memory_mib"]), int(d["cores"]), str(mode), placement
+    )

@@ -55,7 +55,7 @@ def scheduling_config() -> SchedulingConfig:
 # --- the cluster as the scheduling core sees it --------------------------------------------------
 
 
-def _card_state(card: sql.CardRow, claim: CardClaim | None) -> CardState:
+def _card_state(card: sql.CardRow, claim: CardClaim | None, mig_used: int) -> CardState:
     healthy = card.healthy and card.present
     reason = card.health_reason if card.present else MISSING_CARD_REASON
     return CardState(
@@ -73,6 +73,10 @@ def _card_state(card: sql.CardRow, claim: CardClaim | None) -> CardState:
         used_compute=claim.cores if claim else 0,
         used_slots=claim.slots if claim else 0,
         exclusive=claim.exclusive if claim else False,
+        mode=card.mode,
+        draining=bool(card.pending_mode),
+        mig_enabled=card.mig_enabled,
+        mig_used=mig_used,
     )
 
 
@@ -102,10 +106,19 @@ def node_state(
 def _build_snapshot(
     nodes: Sequence[sql.NodeRow], cards: Sequence[sql.CardRow], rows: Iterable[sql.SliceRow]
 ) -> Snapshot:
+    rows = rows if isinstance(rows, list) else list(rows)
     claims = usage.claims_of(rows)
+    # The memory slices each MIG card's instances cover: what a new instance must avoid.
+    mig_used: dict[int, int] = {}
+    for row in rows:
+        if row.mig_size:
+            mask = ((1 << row.mig_size) - 1) << (row.mig_start or 0)
+            mig_used[row.card_id] = mig_used.get(row.card_id, 0) | mask
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
-        cards_by_node[card.node_id].append(_card_state(card, claims.get(card.pk)))
+        cards_by_node[card.node_id].append(
+            _card_state(card, claims.get(card.pk), mig_used.get(card.pk, 0))
+        )
     return Snapshot(
         nodes=tuple(
             NodeState(

@@ -55,6 +55,9 @@ class CardRow(NamedTuple):
     health_reason: str
     cordoned: bool
     present: bool
+    mode: str
+    pending_mode: str  # blank, or the mode a change waits for: the card is draining
+    mig_enabled: bool
 
 
 class SliceRow(NamedTuple):
@@ -67,21 +70,24 @@ class SliceRow(NamedTuple):
     memory_mib: int
     cores: int
     sidecar: bool
+    mig_start: int | None  # a MIG instance's placement; None for other slices
+    mig_size: int | None
 
 
 _NODE = ("id", "name", "ready", "cordoned")
 _CARD = ("id", "node", "uuid", "index", "model", "memory_mib", "compute_units", "slots",
-         "numa_node", "healthy", "health_reason", "cordoned", "present")  # fmt: skip
+         "numa_node", "healthy", "health_reason", "cordoned", "present", "mode", "pending_mode",
+         "mig_enabled")  # fmt: skip
 _SLICE = ("binding", "card", "container_index", "init_container", "memory_mib", "compute_percent",
-          "sidecar")  # fmt: skip
+          "sidecar", "mig_start", "mig_size")  # fmt: skip
 BINDING_INSERT = ("pod_uid", "namespace", "name", "node", "phase", "reason", "request",
                   "deadline", "reserved_at", "created_at", "updated_at")  # fmt: skip
 DECISION = ("pod_uid", "namespace", "name", "outcome", "summary", "feasible_nodes",
             "node_reasons", "reason_counts", "nodes_considered", "decided_at")  # fmt: skip
 # The binding first, "active" and "created_at" last: the rest are a caller's slice tuple.
 _SLICE_INSERT = ("binding", "card", "container_name", "container_index", "init_container",
-                 "memory_mib", "compute_percent", "sidecar", "priority", "active",
-                 "created_at")  # fmt: skip
+                 "memory_mib", "compute_percent", "sidecar", "priority", "mig_profile",
+                 "mig_start", "mig_size", "active", "created_at")  # fmt: skip
 SLICE_VALUES = _SLICE_INSERT[1:-2]  # what insert_binding / insert_slices take per slice
 
 
@@ -188,11 +194,16 @@ def _node(row: Sequence[Any]) -> NodeRow:
 
 
 def _card(row: Sequence[Any]) -> CardRow:
-    return CardRow(*row[:9], bool(row[9]), row[10], bool(row[11]), bool(row[12]))
+    return CardRow(
+        *row[:9], bool(row[9]), row[10], bool(row[11]), bool(row[12]), row[13], row[14],
+        bool(row[15]),
+    )  # fmt: skip
 
 
 def _slice(row: Sequence[Any]) -> SliceRow:
-    return SliceRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5], bool(row[6]))
+    return SliceRow(
+        row[0], row[1], row[2], bool(row[3]), row[4], row[5], bool(row[6]), row[7], row[8]
+    )
 
 
 # --- reads ---------------------------------------------------------------------------------------
@@ -297,7 +308,7 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
 def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
     """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
     (`SLICE_VALUES` each: card id, container name, container index, init, memory MiB, compute
-    percent, sidecar, priority); the binding's new id.
+    percent, sidecar, priority, MIG profile, start and size); the binding's new id.
 
     On PostgreSQL one statement: the slices take their binding's id from the binding INSERT's
     RETURNING, in a CTE."""
@@ -327,11 +338,11 @@ def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) ->
 def _binding_with_slices(n: int) -> str:
     """PostgreSQL: the binding INSERT and its `n` slices' INSERT as one statement."""
     values = ", ".join([rawsql.placeholders(len(SLICE_VALUES))] * n)
-    given = [f"c{i}" for i in range(len(SLICE_VALUES))]  # card ... priority: from VALUES
-    # A VALUES column of nothing but NULLs (no slice asked for a priority) is text to
-    # PostgreSQL: the cast gives it the column's type.
+    given = [f"c{i}" for i in range(len(SLICE_VALUES))]  # card ... mig_size: from VALUES
+    # A VALUES column of nothing but NULLs (no slice asked for a priority, no MIG placement)
+    # is text to PostgreSQL: the cast gives it the column's type.
     picked = [
-        f"CAST(v.{c} AS smallint)" if name == "priority" else f"v.{c}"
+        f"CAST(v.{c} AS smallint)" if name in ("priority", "mig_start", "mig_size") else f"v.{c}"
         for c, name in zip(given, SLICE_VALUES, strict=True)
     ]
     return (

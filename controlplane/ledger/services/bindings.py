@@ -74,7 +74,8 @@ class Reservation:
         """Per container, the slices it holds."""
         rows = (
             (a.container_name, a.container_index, a.init, a.card_uuid,
-             self.card_indexes[a.card_uuid], a.memory_mib, a.cores, a.sidecar, a.priority)
+             self.card_indexes[a.card_uuid], a.memory_mib, a.cores, a.sidecar, a.priority,
+             a.mode, a.mig_profile, a.mig_start, a.mig_size)
             for a in self.assignments
         )  # fmt: skip
         return allocation.containers_of(rows)
@@ -230,22 +231,27 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
         name=binding.name,
         node=where,
         phase=str(binding.phase),
-        assignments=tuple(
-            Assignment(container, index, init, uuid, memory, cores, sidecar, priority)
-            for container, index, init, uuid, _, memory, cores, sidecar, priority in rows
-        ),
+        assignments=tuple(_assignment(row) for row in rows),
         card_indexes={row[3]: row[4] for row in rows},
         repeat=True,
     )
 
 
+def _assignment(row: allocation.SliceRow) -> Assignment:
+    """An assignment read back from its slice row (`allocation.SLICE_COLUMNS`)."""
+    name, index, init, uuid, _, memory, cores, sidecar, priority, mode, mig, start, size = row
+    placement = (mig, start or 0, size or 0)
+    return Assignment(name, index, init, uuid, memory, cores, sidecar, priority, mode, *placement)
+
+
 def _slice_rows(
     assignments: Iterable[Assignment], card_ids: Mapping[str, int]
 ) -> list[tuple[Any, ...]]:
-    # sql.SLICE_VALUES, in order
+    # sql.SLICE_VALUES, in order; a slice that is no MIG instance leaves the placement NULL
     return [
         (card_ids[a.card_uuid], a.container_name, a.container_index, a.init, a.memory_mib,
-         a.cores, a.sidecar, a.priority)
+         a.cores, a.sidecar, a.priority, a.mig_profile,
+         a.mig_start if a.mig_size else None, a.mig_size or None)
         for a in assignments
     ]  # fmt: skip
 
@@ -450,10 +456,11 @@ def adopt_binding(record: allocation.Allocation, actor: str) -> PodBinding:
         bound_at=now,
     )
     assignments = [
-        Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores, c.sidecar, c.priority)
+        Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores, c.sidecar, c.priority,
+                   d.mode, *(d.mig or ("", 0, 0)))
         for c in record.containers
         for d in c.devices
-    ]
+    ]  # fmt: skip
     sql.insert_slices(
         binding.pk, _slice_rows(assignments, {u: c.pk for u, c in cards.items()}), now
     )
