@@ -16,7 +16,8 @@ Environment variables (all optional):
   KUBECONFIG             kubeconfig path for mode kubeconfig (auto picks it when it exists)
   TESSERA_RESOURCE_GPU / _GPUMEM / _GPUMEM_PERCENTAGE / _GPUCORES / _PRIORITY   resource names
   TESSERA_DEFAULT_GPUMEM_MIB, TESSERA_DEFAULT_GPUMEM_PERCENTAGE, TESSERA_DEFAULT_GPUCORES,
-  TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY
+  TESSERA_DEFAULT_SLOTS, TESSERA_DEFAULT_NODE_POLICY, TESSERA_DEFAULT_GPU_POLICY,
+  TESSERA_DEFAULT_VGPU_MODES, TESSERA_MIG_RESOURCES
   TESSERA_RESERVATION_TIMEOUT_S  how long a reservation may wait for its Binding (default 120)
   TESSERA_CSRF_TRUSTED_ORIGINS   the dashboard's public origins behind an ingress (https://...)
   TESSERA_BEHIND_TLS_PROXY       1: trust X-Forwarded-Proto and X-Forwarded-For from the ingress
@@ -100,6 +101,18 @@ def env_names(name: str, default: str) -> tuple[str, ...]:
                 "digits, '-' and '.'; comma-separated)"
             )
     return names
+
+
+def env_modes(name: str, default: str, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma list of at least one of `choices`, order kept, repeats dropped."""
+    raw = os.environ.get(name, default)
+    modes = tuple(dict.fromkeys(p.strip().lower() for p in raw.split(",") if p.strip()))
+    unknown = [m for m in modes if m not in choices]
+    if unknown or not modes:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r}: expected a comma list of {', '.join(choices)} (at least one)"
+        )
+    return modes
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -446,6 +459,15 @@ TESSERA = {
         "TESSERA_DEFAULT_NODE_POLICY", "binpack", ("binpack", "spread")
     ),
     "DEFAULT_GPU_POLICY": env_choice("TESSERA_DEFAULT_GPU_POLICY", "spread", ("binpack", "spread")),
+    # --- card modes (docs/card-modes.md) ---
+    # The modes a pod without nvidia.com/vgpu-mode accepts, HAMi's names (HAMi's own default
+    # is "hami-core,mig").
+    "DEFAULT_VGPU_MODES": env_modes(
+        "TESSERA_DEFAULT_VGPU_MODES", "hami-core", ("hami-core", "mig", "mps")
+    ),
+    # Serve NVIDIA's nvidia.com/mig-<profile> resources: off where NVIDIA's device plugin owns
+    # those names (the webhook then leaves such pods alone, as HAMi does).
+    "MIG_RESOURCES": env_bool("TESSERA_MIG_RESOURCES", False),
     "RESERVATION_TIMEOUT_S": env_int("TESSERA_RESERVATION_TIMEOUT_S", 120, low=5, high=3600),
     "NODE_STALE_AFTER_S": env_int("TESSERA_NODE_STALE_AFTER_S", 120, low=10, high=86400),
     "DECISION_LOG_MAX_NODES": 50,

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.ledger.selectors import InventoryLimits
-from controlplane.scheduling import PodRequest, RequestError, SchedulingConfig, parse_pod
+from controlplane.scheduling import (
+    MIG_RESOURCE_PREFIX,
+    PodRequest,
+    RequestError,
+    SchedulingConfig,
+    parse_pod,
+)
 
 DEFAULT_SCHEDULER = "default-scheduler"
 ADOPTED_BY_DEFAULT = (DEFAULT_SCHEDULER,)
@@ -132,8 +138,10 @@ def _check_inventory(request: PodRequest, limits: InventoryLimits) -> Admission 
 def _default_gpu_count(
     spec: Mapping[str, Any], request: PodRequest, config: SchedulingConfig
 ) -> list[dict[str, Any]]:
-    """Add `<gpu resource>: "1"` to containers that gave only memory or cores (limits, and
-    requests when the container lists Tessera resources there, keeping requests == limits)."""
+    """Add `<gpu resource>: "1"` to containers that gave only memory or cores, and `"N"` to one
+    that asks for N instances of a MIG profile (`nvidia.com/mig-<profile>: N`, where Tessera
+    serves those) so the kubelet asks Tessera's device plugin (limits, and requests when the
+    container lists Tessera resources there, keeping requests == limits)."""
     gpu = config.resources.gpu
     managed = set(config.resources.all())
     ops: list[dict[str, Any]] = []
@@ -144,14 +152,20 @@ def _default_gpu_count(
         requests = resources.get("requests") or {}
         if gpu in limits or gpu in requests:
             continue
+        count = str(c.gpus)  # 1 unless the container named a MIG profile's count
         base = ("spec", key, c.index, "resources")
         if "resources" not in _containers(spec, c.init)[c.index]:
             ops.append({"op": "add", "path": _pointer(*base), "value": {}})
         for section, table in (("limits", limits), ("requests", requests)):
-            if section == "requests" and not managed & set(table):
+            asked = set(table)
+            if section == "requests" and not (managed & asked or _mig_keys(asked)):
                 continue
             if section in resources:
-                ops.append({"op": "add", "path": _pointer(*base, section, gpu), "value": "1"})
+                ops.append({"op": "add", "path": _pointer(*base, section, gpu), "value": count})
             else:
-                ops.append({"op": "add", "path": _pointer(*base, section), "value": {gpu: "1"}})
+                ops.append({"op": "add", "path": _pointer(*base, section), "value": {gpu: count}})
     return ops
+
+
+def _mig_keys(names: set[str]) -> bool:
+    return any(n.startswith(MIG_RESOURCE_PREFIX) for n in names)

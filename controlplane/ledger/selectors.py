@@ -42,6 +42,7 @@ MISSING_CARD_REASON = "not in the node's latest inventory report"
 def scheduling_config() -> SchedulingConfig:
     """The core's configuration from settings.TESSERA (resource names and defaults)."""
     knobs = settings.TESSERA
+    modes = knobs["DEFAULT_VGPU_MODES"]
     return SchedulingConfig(
         resources=ResourceNames(**knobs["RESOURCES"]),
         default_memory_mib=knobs["DEFAULT_GPUMEM_MIB"],
@@ -49,6 +50,9 @@ def scheduling_config() -> SchedulingConfig:
         default_cores=knobs["DEFAULT_GPUCORES"],
         default_node_policy=knobs["DEFAULT_NODE_POLICY"],
         default_gpu_policy=knobs["DEFAULT_GPU_POLICY"],
+        # "hami-core" alone is the core's own default: a request then stores no modes.
+        default_vgpu_modes=() if modes == ("hami-core",) else modes,
+        mig_resources=knobs["MIG_RESOURCES"],
     )
 
 

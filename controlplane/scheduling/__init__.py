@@ -37,6 +37,7 @@ from controlplane.scheduling.quota import (
     usage_of,
 )
 from controlplane.scheduling.request import (
+    MIG_RESOURCE_PREFIX,
     ContainerRequest,
     PodRequest,
     RequestError,
@@ -47,6 +48,7 @@ from controlplane.scheduling.state import CardState, NodeState, Snapshot
 
 __all__ = [
     "BINPACK",
+    "MIG_RESOURCE_PREFIX",
     "POLICIES",
     "SPREAD",
     "Assignment",

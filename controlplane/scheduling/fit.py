@@ -897,6 +897,8 @@ def _no_mode(
     if not refusals or any(r.code is not ReasonCode.MODE_MISMATCH for r in refusals):
         return refusals
     plan = request.plan
+    if SHARED in plan.lanes and any(c.mode == EXCLUSIVE for c in node.cards):
+        return refusals  # the per-card line says what an exclusive card would take
     wanted = " or ".join(dict.fromkeys(_MODE_LABEL[m] for m in plan.lanes if m != EXCLUSIVE))
     held = ", ".join(sorted({_MODE_LABEL[c.mode] for c in node.cards}))
     accepts = ", ".join(request.vgpu_modes) or SHARED_MODE

@@ -579,11 +579,11 @@ def parse_pod(
         value = _annotation(annotations, key)
         return "" if value is None else value
 
-    modes = _vgpu_modes(annotations) or config.default_vgpu_modes
-    if any(c.mig_profile for c in containers) and modes and "mig" not in modes:
+    asked = _vgpu_modes(annotations)
+    if any(c.mig_profile for c in containers) and asked and "mig" not in asked:
         raise RequestError(
             f"metadata.annotations.{ANN_VGPU_MODE}",
-            f"is {','.join(modes)} but a container asks for a {MIG_RESOURCE_PREFIX}<profile> "
+            f"is {','.join(asked)} but a container asks for a {MIG_RESOURCE_PREFIX}<profile> "
             "resource, which only a MIG card serves; add mig or remove the annotation",
         )
 
@@ -602,7 +602,7 @@ def parse_pod(
         ),
         gpu_policy=_gpu_policy(annotations, config.default_gpu_policy),
         numa_bind=_numa_bind(annotations),
-        vgpu_modes=modes,
+        vgpu_modes=asked or config.default_vgpu_modes,
     )
 
 
