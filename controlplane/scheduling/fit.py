@@ -1119,6 +1119,13 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
     best card first. The pod's lanes are tried in order; the first that takes it wins.
     """
     plan = request.plan
+    if plan.shared_only:  # nearly every pod: the node's view is its shared cards
+        view = node.view
+        if view.ok:
+            outcome = _greedy(view, plan, _allowed(view, plan))
+            if not isinstance(outcome, _Failure):
+                return _assignments(view, plan, outcome, SHARED)
+        return NodeFit(node.name, False, explain(node, request))
     for mode in plan.lanes:
         view = node.view.lane(mode)
         if view is None or not view.ok:
@@ -1142,19 +1149,13 @@ def _assignments(
         c = cp.request
         for p in picks:
             card = view.cards[p]
+            # Positional: keywords cost a third more, and every bind builds these.
             out.append(
                 Assignment(
-                    container_name=c.name,
-                    container_index=c.index,
-                    init=c.init,
-                    card_uuid=card.uuid,
-                    memory_mib=cp.need(card.memory_mib),
-                    cores=c.cores,
-                    sidecar=c.sidecar,
-                    priority=c.priority,
-                    mode=mode,
+                    c.name, c.index, c.init, card.uuid, cp.need(card.memory_mib), c.cores,
+                    c.sidecar, c.priority, mode,
                 )
-            )
+            )  # fmt: skip
     return tuple(out)
 
 

@@ -7,9 +7,12 @@ starting at one of the profile's allowed starts (NVML's ``nvmlGpuInstancePlaceme
 size). Two instances never share a memory slice, so a card's free room is a bitmask of memory
 slices (bit i set: slice i is taken).
 
-``memory_mib`` is the memory NVML reports for an instance of the profile (``nvidia-smi mig
--lgip``), a little less than the name's nominal gigabytes: a container's memory ask must fit
-what the instance really has.
+``memory_mib`` is the memory an instance of the profile really has, a little less than the
+name's nominal gigabytes (a container's memory ask must fit what the instance has): for the
+A100 the figures ``nvidia-smi mig -lgip`` prints; for the other models the guide gives only the
+fraction of the card, and the figures here are that fraction of the usable memory, rounded
+down. Check them against ``nvidia-smi mig -lgip`` on such a card before relying on an ask
+that sits within a few hundred MiB of a profile's size.
 """
 
 from __future__ import annotations
