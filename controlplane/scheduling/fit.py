@@ -1127,17 +1127,17 @@ def place_on_node(node: NodeState, request: PodRequest) -> tuple[Assignment, ...
                 return _assignments(view, plan, outcome, SHARED)
         return NodeFit(node.name, False, explain(node, request))
     for mode in plan.lanes:
-        view = node.view.lane(mode)
-        if view is None or not view.ok:
+        lane = node.view.lane(mode)
+        if lane is None or not lane.ok:
             continue
         if mode == MIG:
-            placed = _mig_greedy(view, plan, _allowed(view, plan))
+            placed = _mig_greedy(lane, plan, _allowed(lane, plan))
             if not isinstance(placed, _MigFailure):
-                return _mig_assignments(view, plan, placed)
+                return _mig_assignments(lane, plan, placed)
             continue
-        outcome = _greedy(view, plan, _allowed(view, plan))
+        outcome = _greedy(lane, plan, _allowed(lane, plan))
         if not isinstance(outcome, _Failure):
-            return _assignments(view, plan, outcome, mode)
+            return _assignments(lane, plan, outcome, mode)
     return NodeFit(node.name, False, explain(node, request))
 
 
