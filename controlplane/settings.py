@@ -104,8 +104,9 @@ def env_names(name: str, default: str) -> tuple[str, ...]:
 
 
 def env_modes(name: str, default: str, choices: tuple[str, ...]) -> tuple[str, ...]:
-    """A comma list of at least one of `choices`, order kept, repeats dropped."""
-    raw = os.environ.get(name, default)
+    """A comma list of at least one of `choices`, order kept, repeats dropped; blank: the
+    default."""
+    raw = os.environ.get(name, "").strip() or default
     modes = tuple(dict.fromkeys(p.strip().lower() for p in raw.split(",") if p.strip()))
     unknown = [m for m in modes if m not in choices]
     if unknown or not modes:

@@ -70,6 +70,9 @@ def test_defaults_are_embedded_and_sqlite(tmp_path) -> None:
         ({"TESSERA_BEHIND_TLS_PROXY": "maybe"}, "TESSERA_BEHIND_TLS_PROXY"),
         ({"TESSERA_ADOPTED_SCHEDULERS": "default-scheduler,Volcano"}, "'Volcano' is not"),
         ({"TESSERA_ADOPTED_SCHEDULERS": "a b"}, "TESSERA_ADOPTED_SCHEDULERS"),
+        ({"TESSERA_DEFAULT_VGPU_MODES": "hami-core,vmware"}, "TESSERA_DEFAULT_VGPU_MODES"),
+        ({"TESSERA_DEFAULT_VGPU_MODES": ","}, "TESSERA_DEFAULT_VGPU_MODES"),
+        ({"TESSERA_MIG_RESOURCES": "maybe"}, "TESSERA_MIG_RESOURCES"),
     ],
 )
 def test_unsafe_or_bad_settings_are_refused_with_a_clear_message(tmp_path, env, message) -> None:
