@@ -255,3 +255,11 @@ def inventory_limits() -> InventoryLimits:
         .get("most")
     )
     return InventoryLimits(int(largest["mem"] or 0), int(per_node or 0), int(largest["n"] or 0))
+
+
+def snapshot_of(
+    nodes: Sequence[sql.NodeRow], cards: Sequence[sql.CardRow], rows: Iterable[sql.SliceRow]
+) -> Snapshot:
+    """The snapshot of rows a caller read itself (preemption reads the slices for its own use
+    too, so that the node and the pods on it come from one read)."""
+    return _build_snapshot(nodes, cards, rows)

@@ -181,6 +181,7 @@ def test_scheduler_extender_stanza_matches_the_resource_names(
     assert extender["urlPrefix"] == "http://127.0.0.1:8001/scheduler"
     assert extender["filterVerb"] == "filter"
     assert extender["prioritizeVerb"] == "prioritize"
+    assert extender["preemptVerb"] == "preempt"
     assert extender["bindVerb"] == "bind"
     assert extender["nodeCacheCapable"] is True
     assert extender["ignorable"] is False
