@@ -280,14 +280,12 @@ def cmd_uncordon(client: Client, args: argparse.Namespace) -> Any:
 def cmd_mode(client: Client, args: argparse.Namespace) -> Any:
     body = {"mode": args.mode, "reason": args.reason or ""}
     card = client.call("POST", f"cards/{_segment(args.card, 'card')}/mode", body)
-    pending = (card or {}).get("pending_mode")
-    if pending:
-        held = (card or {}).get("slots_allocated")
-        slices = f"its {held} slices end" if held else "its slices end"
-        text = f"card/{args.card} draining: becomes {pending} when {slices}"
-    else:
-        text = f"card/{args.card} mode {(card or {}).get('mode', args.mode)}"
-    return card, text
+    card = card or {}
+    if card.get("pending_mode"):
+        # The server's own words for a drain ("draining: becomes MIG when its 2 slices end").
+        status = card.get("mode_status") or f"draining: becomes {card['pending_mode']}"
+        return card, f"card/{args.card} {status}"
+    return card, f"card/{args.card} mode {card.get('mode', args.mode)}"
 
 
 # --- arguments --------------------------------------------------------------------------------

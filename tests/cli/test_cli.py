@@ -322,3 +322,37 @@ def test_the_plugin_imports_no_django() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_mode_prints_the_new_mode_or_the_drain_in_the_servers_words(
+    server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answers = {
+        "GPU-idle": {**CARD, "mode": "mig", "pending_mode": "", "mode_status": "MIG"},
+        "GPU-busy": {
+            **CARD,
+            "mode": "shared",
+            "pending_mode": "mig",
+            "mode_status": "draining: becomes MIG when its 2 slices end",
+        },
+    }
+
+    def post(self: FakeTessera) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length))
+        self.seen.append(("POST", self.path, dict(self.headers), body))
+        uuid = self.path.split("/")[4]
+        if uuid not in answers:
+            return self._answer(404, {"error": f"Not found: no API route for {self.path}."})
+        return self._answer(200, answers[uuid])
+
+    monkeypatch.setattr(FakeTessera, "do_POST", post)
+    flags = ["--server", server, "--token", TOKEN]
+    code, out, _ = run(capsys, "mode", "GPU-idle", "mig", "--reason", "inference", *flags)
+    assert (code, out) == (0, "card/GPU-idle mode mig\n")
+    assert FakeTessera.seen[-1][3] == {"mode": "mig", "reason": "inference"}
+    assert FakeTessera.seen[-1][1] == "/api/v1/cards/GPU-idle/mode"
+    code, out, _ = run(capsys, "mode", "GPU-busy", "mig", *flags)
+    assert out == "card/GPU-busy draining: becomes MIG when its 2 slices end\n"
+    code, out, err = run(capsys, "mode", "GPU-old", "mig", *flags)
+    assert code == 1 and err.startswith("error: not found (404): Not found: no API route")
