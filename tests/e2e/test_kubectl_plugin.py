@@ -271,8 +271,8 @@ def test_errors_are_one_line_and_exit_non_zero(
         assert "Traceback" not in run.err
 
 
-def test_mode_changes_a_cards_mode(tessera_cli: Any) -> None:
-    node, card = NODES[5], f"GPU-{NODES[5]}-7"
+def test_mode_changes_a_cards_mode(tessera_cli: Any, core: Any, namespace: str) -> None:
+    node, card, busy = NODES[5], f"GPU-{NODES[5]}-7", f"GPU-{NODES[5]}-6"
     run = tessera_cli("mode", card, "mps", "--reason", "kubectl plugin e2e")
     if run.code != 0 and "no API route" in run.err:
         pytest.skip(
@@ -286,3 +286,16 @@ def test_mode_changes_a_cards_mode(tessera_cli: Any) -> None:
         assert _card_row(tessera_cli("inspect", node).ok(), card)[-5] == "mps"
     finally:
         tessera_cli("mode", card, "shared", "--reason", "kubectl plugin e2e").ok()
+
+    # A card that holds a slice drains first; asking for its current mode cancels the change.
+    pod = objects.gpu_pod("holder", gpumem=2000, annotations={PIN: busy})
+    core.create_namespaced_pod(namespace, pod)
+    _wait_phase(core, namespace, "holder", "Running")
+    try:
+        said = tessera_cli("mode", busy, "mps").ok().strip()
+        assert said.startswith(f"card/{busy} draining: "), said
+        row = _card_row(tessera_cli("inspect", node).ok(), busy)
+        assert row[-5] == "shared" and row[-1] == "draining->mps", row
+    finally:
+        assert tessera_cli("mode", busy, "shared").ok().strip() == f"card/{busy} mode shared"
+    assert _card_row(tessera_cli("inspect", node).ok(), busy)[-1] == "ok"
