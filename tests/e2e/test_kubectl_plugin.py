@@ -11,12 +11,18 @@ import base64
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from e2e import objects
 from e2e.cluster import Cluster, HarnessError, build_binaries, free_port
@@ -223,11 +229,118 @@ def test_the_token_comes_from_a_secret_read_with_the_kubeconfig(
     assert missing.err == f"error: secret {namespace}/nope not found (--token-secret)\n"
 
 
+class _PodStandIn(BaseHTTPRequestHandler):
+    """Stands in for the control plane's pod behind its Service: what the API server's proxy
+    sends arrives here and goes on to the harness's control plane on loopback (the API server
+    proxies to no loopback address), as the request's Host the one the control plane allows."""
+
+    target = ""
+    seen: list[dict[str, str]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        self.seen.append(dict(self.headers))
+        skip = {"host", "connection", "content-length", "transfer-encoding", "accept-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        request = urllib.request.Request(
+            self.target + self.path, data=body, method=self.command, headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                status, data, kind = answer.status, answer.read(), answer.headers["Content-Type"]
+        except urllib.error.HTTPError as refused:
+            status, data, kind = refused.code, refused.read(), refused.headers["Content-Type"]
+        self.send_response(status)
+        self.send_header("Content-Type", kind or "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = _forward
+
+
+def _outward_address() -> str:
+    """This machine's address on its default route (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the route
+        except OSError:
+            return ""
+        address = str(probe.getsockname()[0])
+    return "" if address.startswith("127.") else address
+
+
 def test_without_a_server_it_goes_through_the_api_servers_service_proxy(
-    tessera_cli: Any,
+    tessera_cli: Any, core: Any, kube: Any, namespace: str, cluster: Cluster
 ) -> None:
-    # The harness runs the control plane outside the cluster, so no Service fronts it: the API
-    # server's answer shows the plugin asked the proxy of the Service the flags name.
+    address = _outward_address()
+    if not address:
+        pytest.skip("no address but loopback here, and the API server proxies to none of those")
+    _PodStandIn.target, _PodStandIn.seen = cluster.controlplane_url, []
+    stand_in = ThreadingHTTPServer((address, 0), _PodStandIn)
+    threading.Thread(target=stand_in.serve_forever, daemon=True).start()
+    port = stand_in.server_address[1]
+    try:
+        # The chart's Service, named as the plugin's defaults name it, whose one endpoint is a
+        # pod with the stand-in's address (the API server proxies only to pods' addresses); no
+        # controller runs here to fill the endpoints in, nor a kubelet to run the pod.
+        core.create_namespaced_pod(
+            namespace,
+            {"metadata": {"name": "tessera-stand-in"},
+             "spec": {"schedulerName": "tessera-e2e-nobody", "automountServiceAccountToken": False,
+                      "containers": [{"name": "app", "image": "registry.invalid/tessera:1"}]}},
+        )  # fmt: skip
+        core.patch_namespaced_pod_status(
+            "tessera-stand-in",
+            namespace,
+            {"status": {"podIP": address, "podIPs": [{"ip": address}]}},
+        )
+        core.create_namespaced_service(
+            namespace,
+            {"metadata": {"name": "tessera"},
+             "spec": {"ports": [{"name": "http", "port": 8000, "targetPort": port}]}},
+        )  # fmt: skip
+        target = {"kind": "Pod", "name": "tessera-stand-in", "namespace": namespace}
+        client.DiscoveryV1Api(kube).create_namespaced_endpoint_slice(
+            namespace,
+            {"metadata": {"name": "tessera-1", "labels": {"kubernetes.io/service-name": "tessera"}},
+             "addressType": "IPv4",
+             "endpoints": [{"addresses": [address], "conditions": {"ready": True},
+                            "targetRef": target}],
+             "ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
+        )  # fmt: skip
+        proxied = {"TESSERA_SERVER": ""}
+
+        def through_the_proxy() -> Run | None:
+            run = tessera_cli(
+                "inspect", "-o", "json", "--tessera-namespace", namespace, env=proxied
+            )
+            return run if run.code == 0 or "no endpoints" not in run.err else None
+
+        # The API server learns of the endpoints from a watch: a moment after they are made.
+        done = objects.wait_for(
+            through_the_proxy, timeout=30, what="the proxy's endpoints", every=1
+        )
+        assert {n["name"] for n in done.json()} >= set(NODES)
+        # A write goes the same way, with the token in the header the API server passes on.
+        tessera_cli("quota", "set", namespace, "--gpus", "3", "--tessera-namespace", namespace,
+                    env=proxied).ok()  # fmt: skip
+        assert tessera_cli("quota", "get", namespace, "-o", "json").json()[0]["gpus"] == 3
+        assert _PodStandIn.seen and all(
+            h.get("X-Tessera-Token") == cluster.admin_token for h in _PodStandIn.seen
+        )
+        refused = tessera_cli("inspect", "--tessera-namespace", namespace, "--token", "tsr_no",
+                              env=proxied)  # fmt: skip
+        assert refused.err.startswith("error: token refused (401): "), refused.err
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
+
+    # With no Service there, the API server's answer says so and names what to check.
     run = tessera_cli(
         "inspect", "--tessera-namespace", "tessera-e2e-absent", env={"TESSERA_SERVER": ""}
     )
