@@ -494,6 +494,8 @@ TESSERA = {
     # dropped: ledger/services/confirmations.py).
     "CONFIRM_ASYNC": env_bool("TESSERA_CONFIRM_ASYNC", True),
     "EVENTS_ASYNC": env_bool("TESSERA_EVENTS_ASYNC", True),
+    # Tessera's own preemption for pods unschedulable for want of GPU room (docs/preemption.md)
+    "PREEMPTION": env_bool("TESSERA_PREEMPTION", True),
     # Largest extender / webhook body read (a v1.Pod plus NodeNames of a big cluster).
     "EXTENDER_MAX_BODY": env_int(
         "TESSERA_EXTENDER_MAX_BODY", 1024 * 1024, low=64 * 1024, high=64 * 1024 * 1024

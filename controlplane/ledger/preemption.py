@@ -11,8 +11,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.utils import timezone
+
 from controlplane.ledger import selectors, sql
-from controlplane.ledger.models import PodBinding
+from controlplane.ledger.models import Nomination, PodBinding
 from controlplane.scheduling import CardClaim, NodeState, pod_claims
 from controlplane.scheduling.preempt import Candidate
 
@@ -53,3 +55,11 @@ def nodes_with_pods(node_names: Iterable[str]) -> dict[str, tuple[NodeState, lis
             )
         )
     return {node.name: (node, pods.get(node.name, [])) for node in snapshot.nodes}
+
+
+def held_nodes(pod_uids: Iterable[str] | None = None) -> dict[str, str]:
+    """Pod UID -> node name of every unexpired nomination (of those pods), one query."""
+    rows = Nomination.objects.filter(deadline__gt=timezone.now())
+    if pod_uids is not None:
+        rows = rows.filter(pod_uid__in=list(pod_uids))
+    return dict(rows.values_list("pod_uid", "node__name"))
