@@ -31,7 +31,7 @@ from controlplane.ledger.models import (
     SchedulingDecision,
     Slice,
 )
-from controlplane.ledger.services import modes
+from controlplane.ledger.services.mode_rules import describe
 from controlplane.scheduling import CardClaim, QuotaUsage
 
 PAGE_SIZE = 50
@@ -340,7 +340,7 @@ class CardView:
     @property
     def mode_status(self) -> str:
         """The mode in words: "MIG", or "draining: becomes MIG when its 2 slices end"."""
-        return modes.describe(self.mode, self.pending_mode, len(self.slices))
+        return describe(self.mode, self.pending_mode, len(self.slices))
 
     @property
     def mig_instances(self) -> list[SliceView]:

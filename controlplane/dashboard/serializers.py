@@ -12,7 +12,8 @@ from rest_framework import serializers
 from controlplane.api.fields import StrictCharField, StrictIntegerField, StrictSerializer
 from controlplane.api.names import NamespaceField
 from controlplane.ledger.models import Card
-from controlplane.ledger.services.modes import MAX_REASON, MODES
+from controlplane.ledger.services.mode_rules import MODES
+from controlplane.ledger.services.modes import MAX_REASON
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")

@@ -24,7 +24,7 @@ from controlplane.dashboard.forms import CardModeForm, CordonForm, GrantRoleForm
 from controlplane.dashboard.looks import namespace_looks
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import Card, PodBinding
-from controlplane.ledger.services import cordons, modes
+from controlplane.ledger.services import cordons, mode_rules, modes
 from controlplane.ledger.services import quotas as quota_services
 from controlplane.ledger.validation import whole_number
 
@@ -148,7 +148,7 @@ def card_mode(request: HttpRequest, uuid: str) -> HttpResponse:
     back = reverse("dashboard:card", args=[uuid])
     form = CardModeForm(request.POST)
     if not form.is_valid():
-        messages.error(request, f"Choose a mode: {', '.join(modes.MODES)}.")
+        messages.error(request, f"Choose a mode: {', '.join(mode_rules.MODES)}.")
         return _back(request, back)
     mode = form.cleaned_data["mode"]
     try:

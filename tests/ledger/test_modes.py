@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.ledger.errors import NotFound, ServiceError
 from controlplane.ledger.models import AuditEvent, Card
-from controlplane.ledger.services import bindings, modes
+from controlplane.ledger.services import bindings, mode_rules, modes
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json
 
@@ -59,7 +59,7 @@ def test_busy_card_drains_and_takes_nothing_new() -> None:
         ("ann", "card-mode-requested", {"node": "n1", "reason": "", "slices": 2,
                                         "from": "shared", "to": "mps"}),
     ]  # fmt: skip
-    assert modes.describe("shared", "mps", 2) == "draining: becomes MPS when its 2 slices end"
+    assert mode_rules.describe("shared", "mps", 2) == "draining: becomes MPS when its 2 slices end"
     # Asking again for the pending mode changes nothing and records nothing.
     modes.set_card_mode(UUID, "mps", "bob")
     assert len(events()) == 1
@@ -178,10 +178,10 @@ def test_initial_mode_first_matching_rule_wins(
 ) -> None:
     rules = [{"model": "a100", "mode": "mig"}, {"model": "H100", "mode": "mps"},
              {"model": "h100", "mode": "exclusive"}]  # fmt: skip
-    got = modes.initial_mode(model, capable, rules)
+    got = mode_rules.initial_mode(model, capable, rules)
     assert (got.mode, got.note) == expected if got else expected is None
 
 
 def test_initial_mig_rule_on_a_card_without_mig_stays_shared() -> None:
-    got = modes.initial_mode("NVIDIA A10", False, [{"model": "a10", "mode": "mig"}])
+    got = mode_rules.initial_mode("NVIDIA A10", False, [{"model": "a10", "mode": "mig"}])
     assert got is not None and got.mode == "shared" and "not reported MIG-capable" in got.note
