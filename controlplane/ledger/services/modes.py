@@ -145,4 +145,7 @@ def apply_after_release(binding_ids: Sequence[int]) -> None:
         .distinct()
     )
     if cards:
-        transaction.on_commit(lambda: apply_pending_modes(cards))
+        # robust: the release has committed whatever happens here, and its caller must not read
+        # a failed change as a failed release; Django logs the error, the reconciler's pass
+        # applies the change.
+        transaction.on_commit(lambda: apply_pending_modes(cards), robust=True)
