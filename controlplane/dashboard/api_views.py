@@ -444,8 +444,8 @@ class CardModeView(GenericAPIView):
         "`mig` needs a card its node plugin reports MIG-capable.",
         examples=[
             OpenApiExample(
-                "to MIG",
-                value={"mode": "mig", "reason": "for the inference team"},
+                "to MPS",
+                value={"mode": "mps", "reason": "for the inference team"},
                 request_only=True,
             )
         ],
