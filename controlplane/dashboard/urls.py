@@ -20,6 +20,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("nodes/<str:name>/cordon/", views.node_cordon, name="node-cordon"),
     path("cards/<str:uuid>/", views.card, name="card"),
     path("cards/<str:uuid>/cordon/", views.card_cordon, name="card-cordon"),
+    path("cards/<str:uuid>/mode/", views.card_mode, name="card-mode"),
     path("bindings/", views.bindings, name="bindings"),
     path("pods/<str:namespace>/<str:name>/", views.pod, name="pod"),
     path("quotas/", views.quotas, name="quotas"),

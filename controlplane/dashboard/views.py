@@ -1,7 +1,7 @@
 """Dashboard pages: thin views over the selectors (reads) and the services (writes).
 
-Every page needs a signed-in identity with the viewer role; cordons and quota edits need the
-operator role. Pages that change over time answer `?fragment=1` with only their live part,
+Every page needs a signed-in identity with the viewer role; cordons, card modes and quota edits
+need the operator role. Pages that change over time answer `?fragment=1` with only their live part,
 which htmx polls every few seconds (see templates/dashboard/*).
 """
 
@@ -20,11 +20,11 @@ from controlplane.access.roles import Role, has_role
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
-from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
+from controlplane.dashboard.forms import CardModeForm, CordonForm, GrantRoleForm, QuotaForm
 from controlplane.dashboard.looks import namespace_looks
 from controlplane.ledger.errors import ServiceError
-from controlplane.ledger.models import PodBinding
-from controlplane.ledger.services import cordons
+from controlplane.ledger.models import Card, PodBinding
+from controlplane.ledger.services import cordons, mode_rules, modes
 from controlplane.ledger.services import quotas as quota_services
 from controlplane.ledger.validation import whole_number
 
@@ -134,8 +134,35 @@ def card(request: HttpRequest, uuid: str) -> HttpResponse:
         raise Http404(f"no card {uuid}")
     looks = namespace_looks(s.namespace for s in detail.card.slices)
     context = {"detail": detail, "card": detail.card, "ns_looks": looks, "poll": POLL_SECONDS}
+    context["mode_choices"] = Card.Mode.choices
     template = "dashboard/_card_live.html" if _fragment(request) else "dashboard/card.html"
     return render(request, template, context)
+
+
+@require_POST
+@role_required(Role.VIEWER)
+def card_mode(request: HttpRequest, uuid: str) -> HttpResponse:
+    """POST `/cards/<uuid>/mode/` (operator): set the card's mode (docs/card-modes.md)."""
+    if not has_role(request.user, Role.OPERATOR):
+        return forbidden(request, Role.OPERATOR)
+    back = reverse("dashboard:card", args=[uuid])
+    form = CardModeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Choose a mode: {', '.join(mode_rules.MODES)}.")
+        return _back(request, back)
+    mode = form.cleaned_data["mode"]
+    try:
+        card = modes.set_card_mode(
+            uuid, mode, request.user.get_username(), form.cleaned_data["reason"]
+        )
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        if card.pending_mode:
+            messages.success(request, f"Draining: the card becomes {mode} when its slices end.")
+        else:
+            messages.success(request, f"The card is in {card.mode} mode.")
+    return _back(request, back)
 
 
 @require_POST

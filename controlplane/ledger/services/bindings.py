@@ -31,6 +31,7 @@ from controlplane.ledger.errors import (
     NotFound,
 )
 from controlplane.ledger.models import Card, Node, Nomination, PodBinding, Slice
+from controlplane.ledger.services import modes
 from controlplane.ledger.services.audit import record_event, record_events
 from controlplane.scheduling import (
     Assignment,
@@ -327,6 +328,7 @@ def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBi
     binding.deadline = None
     binding.save(update_fields=["phase", "reason", "released_at", "deadline"])
     binding.slices.filter(active=True).update(active=False)
+    modes.apply_after_release([binding.pk])
     return binding
 
 
@@ -360,6 +362,7 @@ def release_bindings(
         deadline=None,
     )
     Slice.objects.filter(binding_id__in=ids, active=True).update(active=False)
+    modes.apply_after_release(ids)
     if actor is not None:
         events = _audited((row[1:] for row in active), reason)
         record_events(actor, "fail" if failed else "release", "binding", events)
