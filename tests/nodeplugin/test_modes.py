@@ -338,3 +338,34 @@ def test_host_path_mode_refuses_mig_and_mps_slices_loudly(short_tmp: Path) -> No
             assert "mps needs CDI (TESSERA_DEVICE_MODE=cdi)" in (err.value.details() or "")
 
     run(main)
+
+
+def test_a_busy_instance_outlives_its_pod_until_nvml_lets_it_go(short_tmp: Path) -> None:
+    async def main() -> None:
+        async with mig_node(short_tmp, TESSERA_GC_INTERVAL_S="1") as node:
+            gpu, card = node.gpu, node.uuids[1]
+            pod = await started(
+                node,
+                "busy",
+                [(card, 9728, 14)],
+                {card: mig({"profile": "1g.10gb", "start": 6, "size": 1})},
+            )
+            mig_uuid = spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(pod, "app")))[
+                "CUDA_VISIBLE_DEVICES"
+            ]
+            busy = gpu.state / "busy" / mig_uuid
+            busy.parent.mkdir(exist_ok=True)
+            busy.touch()  # a process still runs on the instance
+            node.kubelet.remove(pod)
+            await eventually(
+                lambda: "destroying MIG GPU instance" in node.plugin.text(),
+                timeout=6,
+                what="NVML's refusal logged",
+            )
+            assert [g[2:] for g in gpu.mig_state(card)["gi"]] == [(6, 1)]
+            busy.unlink()
+            await eventually(
+                lambda: gpu.mig_state(card)["gi"] == [], timeout=6, what="destroyed once free"
+            )
+
+    run(main)
