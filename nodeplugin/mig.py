@@ -198,7 +198,8 @@ class Mig:
             table[name] = _Profile(
                 index, int(info.id), name, int(info.sliceCount), int(info.instanceCount)
             )
-        self._profiles[card] = table
+        if table:  # an empty answer may be a passing NVML error: ask again next time
+            self._profiles[card] = table
         return table
 
     def instances(self, card: str) -> list[MigInstance]:

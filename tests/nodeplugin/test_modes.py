@@ -369,3 +369,34 @@ def test_a_busy_instance_outlives_its_pod_until_nvml_lets_it_go(short_tmp: Path)
             )
 
     run(main)
+
+
+def test_a_missing_mps_binary_keeps_the_mps_cards_out_saying_why(short_tmp: Path) -> None:
+    async def main() -> None:
+        missing = str(short_tmp / "no-such-mps-control")
+        async with fake_node(
+            short_tmp, TESSERA_MPS_CONTROL=missing, TESSERA_MPS_POLL_S="0.1"
+        ) as node:
+            card = node.uuids[1]
+            node.plane.modes = {card: "mps"}
+            ids = {f"{card}::{s}" for s in range(4)}
+            await node.kubelet.wait_update(
+                lambda s: (
+                    all(s[i] == "Unhealthy" for i in ids)
+                    and all(h == "Healthy" for i, h in s.items() if i not in ids)
+                ),
+                timeout=5,
+            )
+            await eventually(
+                lambda: any(
+                    c["uuid"] == card
+                    and f"MPS control daemon ({missing}) does not start" in c["health_reason"]
+                    for _, _, r in node.plane.reports
+                    for c in r["cards"]
+                ),
+                what="the reason in the report",
+            )
+            node.plane.modes = {}  # the card leaves mps mode: nothing to run, healthy again
+            await node.kubelet.wait_update(lambda s: all(s[i] == "Healthy" for i in ids), timeout=5)
+
+    run(main)
