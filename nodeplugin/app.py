@@ -50,6 +50,7 @@ from nodeplugin.usage import UsageCollector
 from nodeplugin.writer import Writer
 
 log = logging.getLogger("nodeplugin")
+MIG_REPORT_RETRY_S = 600.0
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -95,6 +96,7 @@ class Plugin:
         self.mig = Mig(self.nvml.handles, settings.state_dir)
         self.mig_status: dict[str, MigStatus] = {}
         self.mig_error: dict[str, str] = {}
+        self._mig_refused_until = 0.0
         self.mps = MpsDaemon(settings.mps_control, settings.state_dir, settings.mps_poll_s)
         self.cp = ControlPlane(
             settings.controlplane_url,
@@ -419,11 +421,30 @@ class Plugin:
         while not self.stopping.is_set():
             self._report_now.clear()
             mig = await asyncio.to_thread(self._mig_report)
+            if time.monotonic() < self._mig_refused_until:
+                mig = {}
             report = cardmod.inventory_report(
                 __version__, self.cards, dict(self.registry.health), mig
             )
             try:
-                answer = await self.cp.put_inventory(self.s.node_name, report)
+                try:
+                    answer = await self.cp.put_inventory(self.s.node_name, report)
+                except ControlPlaneError as exc:
+                    if not (mig and exc.status == 400 and "mig" in str(exc)):
+                        raise
+                    # A control plane older than card modes refuses the key: the node must keep
+                    # its heartbeat, so report without it and offer it again later.
+                    self._mig_refused_until = time.monotonic() + MIG_REPORT_RETRY_S
+                    log.warning(
+                        "the control plane does not take the cards' MIG state (%s); reporting "
+                        "without it for %.0fs",
+                        exc,
+                        MIG_REPORT_RETRY_S,
+                    )
+                    report = cardmod.inventory_report(
+                        __version__, self.cards, dict(self.registry.health)
+                    )
+                    answer = await self.cp.put_inventory(self.s.node_name, report)
                 modes = cardmod.modes_from_answer(answer, self.registry.cards.keys())
                 if modes is not None:
                     await self.apply_modes(modes)
