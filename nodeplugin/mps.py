@@ -23,6 +23,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
+DAEMON_NAME = "nvidia-cuda-mps-control"
 START_TIMEOUT_S = 10.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 
@@ -59,12 +60,15 @@ class MpsDaemon:
         }
 
     def pid(self) -> int | None:
-        """The running daemon's PID, or None."""
+        """The running daemon's PID, or None. The PID must still be the daemon's: after the
+        plugin's container restarts, the file's PID may name another process of the new one."""
         try:
             pid = int((self.pipe_dir / PID_FILE).read_text().strip())
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (OSError, ValueError):
             return None
-        return pid if pid > 0 and _alive(pid) else None
+        names = {Path(self.control).name, DAEMON_NAME}
+        return pid if pid > 0 and Path(argv0).name in names and _alive(pid) else None
 
     def _running_for(self) -> tuple[str, ...]:
         try:

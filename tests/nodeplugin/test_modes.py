@@ -24,13 +24,14 @@ PROFILE_3G = 9  # NVML's profile ID of 3g.40gb on an A100/H100 80GB
 P3G_LOW = {"profile": "3g.40gb", "start": 0, "size": 4}
 P3G_HIGH = {"profile": "3g.40gb", "start": 4, "size": 4}
 
-FAKE_MPS = """#!/bin/sh
-# A stand-in for nvidia-cuda-mps-control: -d leaves a "daemon" behind and writes its PID where
-# the real one does; otherwise it reads a command ("quit") from stdin.
+FAKE_MPS = """#!/bin/bash
+# A stand-in for nvidia-cuda-mps-control: -d leaves a "daemon" behind (named as this program,
+# as the real one's is) and writes its PID where the real one does; otherwise it reads a
+# command ("quit") from stdin.
 pipe="$CUDA_MPS_PIPE_DIRECTORY"
 if [ "$1" = "-d" ]; then
     echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_LOG_DIRECTORY" > "$pipe/../started-for"
-    sleep 3600 </dev/null >/dev/null 2>&1 &
+    (exec -a "$0" sleep 3600) </dev/null >/dev/null 2>&1 &
     echo $! > "$pipe/nvidia-cuda-mps-control.pid"
     exit 0
 fi
@@ -253,8 +254,14 @@ def test_mps_daemon_serves_mps_cards_and_its_death_marks_them_unhealthy(short_tm
                 short_tmp, TESSERA_MPS_CONTROL=str(control), TESSERA_MPS_POLL_S="0.1"
             ) as node:
                 k, card = node.kubelet, node.uuids[2]
+                # a PID file left behind that names some other live process is no daemon
+                pid_file.parent.mkdir(parents=True, exist_ok=True)
+                pid_file.write_text(f"{os.getpid()}\n")
                 node.plane.modes = {card: "mps"}
-                await eventually(pid_file.exists, what="the MPS daemon to start")
+                await eventually(
+                    lambda: pid_file.read_text().strip() != str(os.getpid()),
+                    what="the MPS daemon to start",
+                )
                 started_for = (short_tmp / "state" / "mps" / "started-for").read_text().split()
                 assert started_for == [card, str(short_tmp / "state" / "mps" / "log")]
                 pod = await started(
