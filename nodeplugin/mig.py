@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -293,10 +294,19 @@ class Mig:
             raise MigError(f"card {card}: listing MIG instances failed: {_err(exc)}") from None
         return sorted(out, key=lambda i: (i.start, i.gi, i.ci or 0))
 
-    def ensure(self, card: str, want: MigPlacement) -> tuple[MigInstance, bool]:
+    def ensure(
+        self,
+        card: str,
+        want: MigPlacement,
+        on_created: Callable[[MigInstance], None] | None = None,
+    ) -> tuple[MigInstance, bool]:
         """The instance of ``want`` on ``card``: the one that exists at that placement (adopted),
         else a new GPU instance and one compute instance filling it. Returns it and whether it
-        was created now. Raises MigError naming the placement when NVML refuses."""
+        was created now. Raises MigError naming the placement when NVML refuses.
+
+        ``on_created`` records a new instance as this plugin's before anything else may look
+        (under the lock); if it fails, the instance is destroyed again, so none is ever left
+        that the plugin made but does not know it made."""
         with self._lock:
             where = f"MIG {want.profile} at placement start={want.start} size={want.size}"
             st = self._status(card)
@@ -338,11 +348,23 @@ class Mig:
                 ) from None
             gi = int(pynvml.nvmlGpuInstanceGetInfo(gih).id)
             try:
-                return self._fill(card, prof, want, gi, gih), True
+                inst = self._fill(card, prof, want, gi, gih)
             except MigError:
                 with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlGpuInstanceDestroy(gih)  # no half instance left behind
                 raise
+            if on_created is not None:
+                try:
+                    on_created(inst)
+                except OSError as exc:
+                    with contextlib.suppress(pynvml.NVMLError):
+                        for cih, _ in self._compute_instances(gih):
+                            pynvml.nvmlComputeInstanceDestroy(cih)
+                        pynvml.nvmlGpuInstanceDestroy(gih)
+                    raise MigError(
+                        f"card {card}: {where} created but not recorded ({exc}); destroyed again"
+                    ) from None
+            return inst, True
 
     def _gi_handle(self, card: str, gi: int) -> Any:
         return pynvml.nvmlDeviceGetGpuInstanceById(self.handles[card], gi)

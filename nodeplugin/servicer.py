@@ -18,7 +18,7 @@ from nodeplugin.allocation import MIG, Allocation, AllocationError
 from nodeplugin.config import Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
 from nodeplugin.http import HttpUnavailable
-from nodeplugin.mig import Mig, MigError, Owned, cap_minors
+from nodeplugin.mig import Mig, MigError, MigInstance, Owned, cap_minors
 from nodeplugin.pb import dp
 from nodeplugin.podresources import PodResources, PodResourcesError
 from nodeplugin.registry import Registry
@@ -290,26 +290,29 @@ class Servicer:
             if d.mode != MIG or d.mig is None:
                 devices.append(d)
                 continue
-            inst, created = await asyncio.to_thread(mig.ensure, d.card.uuid, d.mig)
-            if inst.ci is None:  # ensure() fills every instance it returns; say so if not
-                raise MigError(
-                    f"card {d.card.uuid}: MIG instance {inst.gi} has no compute instance"
-                )
-            if created:
+
+            def record(inst: MigInstance) -> None:
                 mig.record(
                     Owned(
-                        d.card.uuid,
+                        inst.card,
                         inst.profile,
                         inst.start,
                         inst.size,
                         inst.gi,
-                        inst.ci,
+                        inst.ci if inst.ci is not None else 0,
                         inst.uuid,
                         digest,
                         plan.pod_uid,
                         plan.container,
                     )
                 )
+
+            inst, created = await asyncio.to_thread(mig.ensure, d.card.uuid, d.mig, record)
+            if inst.ci is None:  # ensure() fills every instance it returns; say so if not
+                raise MigError(
+                    f"card {d.card.uuid}: MIG instance {inst.gi} has no compute instance"
+                )
+            if created:
                 log.info(
                     "MIG %s at %d+%d on %s created for %s/%s %s: %s",
                     inst.profile,
