@@ -259,9 +259,10 @@ def test_mps_daemon_serves_mps_cards_and_its_death_marks_them_unhealthy(short_tm
                 pid_file.write_text(f"{os.getpid()}\n")
                 node.plane.modes = {card: "mps"}
                 await eventually(
-                    lambda: pid_file.read_text().strip() != str(os.getpid()),
-                    what="the MPS daemon to start",
+                    lambda: f"runs for {card}" in node.plugin.text(),
+                    what="the plugin to see the MPS daemon run",
                 )
+                assert pid_file.read_text().strip() != str(os.getpid())
                 started_for = (short_tmp / "state" / "mps" / "started-for").read_text().split()
                 assert started_for == [card, str(short_tmp / "state" / "mps" / "log")]
                 pod = await started(
