@@ -295,7 +295,8 @@ class Plugin:
             if not st.capable:
                 continue
             try:
-                instances = [i.report() for i in self.mig.instances(c.uuid)]
+                # A GPU instance without a compute instance has no MIG device (no UUID) to show.
+                instances = [i.report() for i in self.mig.instances(c.uuid) if i.uuid]
             except MigError as exc:
                 log.warning("%s", exc)
                 instances = []
