@@ -17,6 +17,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access.roles import Role, has_role
+from controlplane.dashboard import grid as card_grid
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
@@ -84,6 +85,34 @@ def nodes(request: HttpRequest) -> HttpResponse:
     }
     template = "dashboard/_nodes_live.html" if _fragment(request) else "dashboard/nodes.html"
     return render(request, template, context)
+
+
+@role_required(Role.VIEWER)
+def grid(request: HttpRequest) -> HttpResponse:
+    """`/grid/`: every card on one screen, coloured by allocation; filters are GET parameters,
+    so the page reads (and filters) without JavaScript."""
+    get = request.GET
+
+    def choice(key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = get.get(key, default)
+        return value if value in allowed else default
+
+    filters = card_grid.GridFilters(
+        model=get.get("model", "").strip()[:128],
+        namespace=get.get("namespace", "").strip()[:63],
+        state=choice("state", card_grid.STATES, ""),
+        colour=choice("colour", card_grid.COLOURS, "memory"),
+        sort=choice("sort", card_grid.SORTS, "node"),
+    )
+    data = card_grid.card_grid(filters)
+    context = {
+        "grid": data,
+        "filters": filters,
+        "cells": card_grid.render_cells(data.nodes, filters.colour),
+        "states": card_grid.STATES,
+        "ns_looks": namespace_looks(data.namespaces),
+    }
+    return render(request, "dashboard/grid.html", context)
 
 
 @role_required(Role.VIEWER)
