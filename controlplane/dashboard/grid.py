@@ -9,10 +9,12 @@ inline style per cell, would cost more time and bytes than everything else on th
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
+from typing import NamedTuple
 from urllib.parse import quote
 
 from django.urls import reverse
@@ -20,7 +22,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from controlplane import rawsql
 from controlplane.ledger import usage as ledger_usage
-from controlplane.ledger.models import Card, PodBinding, Slice
+from controlplane.ledger.models import Card, Slice
 
 STATES = ("healthy", "unhealthy", "cordoned", "draining")
 COLOURS = ("memory", "compute")
@@ -29,7 +31,6 @@ SORTS = ("node", "free", "-free")
 TOOLTIP_PODS = 12
 # The CSS class of each mode other than the usual one: a letter in the corner of the cell.
 MODE_MARK = {"mig": " mM", "mps": " mP", "exclusive": " mX"}
-ACTIVE_PHASES = tuple(str(p) for p in PodBinding.ACTIVE_PHASES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,9 @@ class GridFilters:
     sort: str = "node"
 
 
-@dataclass(frozen=True, slots=True)
-class GridCard:
-    """One cell: a card's identity, flags and what its slices hold."""
+class GridCard(NamedTuple):
+    """One cell: a card's identity, flags and what its slices hold. A tuple, not a dataclass:
+    the grid makes 8,000 of them per request."""
 
     uuid: str
     index: int
@@ -56,11 +57,7 @@ class GridCard:
     slots: int
     mode: str
     pending_mode: str
-    healthy: bool
-    present: bool
-    cordoned: bool
-    node_cordoned: bool
-    node_ready: bool
+    state: str  # the one the cell is marked with, worst first (see `card_states`)
     used_memory_mib: int
     used_cores: int
     used_slots: int
@@ -70,29 +67,31 @@ class GridCard:
     def free_memory_mib(self) -> int:
         return max(self.memory_mib - self.used_memory_mib, 0)
 
-    @property
-    def states(self) -> frozenset[str]:
-        """Every filter state the card matches: a card can be cordoned and draining at once."""
-        found = set()
-        if not self.healthy or not self.present:
-            found.add("unhealthy")
-        if self.cordoned or self.node_cordoned:
-            found.add("cordoned")
-        if self.pending_mode:
-            found.add("draining")
-        return frozenset(found or {"healthy"})
-
-    @property
-    def state(self) -> str:
-        """The one state the cell is marked with, worst first."""
-        states = self.states
-        return next(s for s in ("unhealthy", "draining", "cordoned", "healthy") if s in states)
-
     def share(self, colour: str) -> float:
         """Allocated share (0-1) of memory or compute, by the grid's colour toggle."""
         if colour == "compute":
             return self.used_cores / self.compute_units if self.compute_units else 0.0
         return self.used_memory_mib / self.memory_mib if self.memory_mib else 0.0
+
+
+HEALTHY = ("healthy",)
+
+
+def card_states(
+    healthy: bool, present: bool, cordoned: bool, node_cordoned: bool, pending_mode: str
+) -> tuple[str, ...]:
+    """Every filter state a card matches, worst first: a card can be cordoned and draining at
+    once (the cell shows the first, the filter finds it under each)."""
+    found = tuple(
+        state
+        for state, on in (
+            ("unhealthy", not healthy or not present),
+            ("draining", bool(pending_mode)),
+            ("cordoned", cordoned or node_cordoned),
+        )
+        if on
+    )
+    return found or HEALTHY
 
 
 @dataclass(slots=True)
@@ -126,20 +125,17 @@ CARD_ROW = (
 )  # fmt: skip
 
 
-def pods_per_card() -> dict[int, list[str]]:
-    """Per card id, the `namespace/name` of each pod with an active slice there, sorted (one
-    query)."""
+def pods_per_card() -> dict[int, dict[str, str]]:
+    """Per card id, `namespace/name` -> namespace of each pod with an active slice there (one
+    query; a pod with several slices on a card is named once)."""
     rows = rawsql.rows_of(
-        Slice.objects.filter(active=True, binding__phase__in=ACTIVE_PHASES)
+        Slice.objects.filter(active=True)
         .order_by()
         .values_list("card_id", "binding__namespace", "binding__name")
-        .distinct()
     )
-    pods: dict[int, list[str]] = defaultdict(list)
+    pods: dict[int, dict[str, str]] = defaultdict(dict)
     for card_id, namespace, name in rows:
-        pods[card_id].append(f"{namespace}/{name}")
-    for names in pods.values():
-        names.sort()
+        pods[card_id][f"{namespace}/{name}"] = namespace
     return pods
 
 
@@ -148,39 +144,54 @@ def card_grid(filters: GridFilters) -> Grid:
     rows = rawsql.rows_of(Card.objects.order_by("node__name", "index").values_list(*CARD_ROW))
     held = ledger_usage.card_usage()
     pods = pods_per_card()
+    empty: dict[str, str] = {}
     models: set[str] = set()
-    namespaces: set[str] = set()
+    namespaces = {ns for on_card in pods.values() for ns in on_card.values()}
     groups: dict[str, GridNode] = {}
     shown = 0
     for (card_id, uuid, index, model, node, memory, compute, slots, mode, pending, healthy,
          present, cordoned, node_cordoned, ready) in rows:  # fmt: skip
         models.add(model)
-        on_card = pods.get(card_id, [])
-        card_namespaces = {p.split("/", 1)[0] for p in on_card}
-        namespaces |= card_namespaces
+        on_card = pods.get(card_id, empty)
         group = groups.get(node)
         if group is None:
             group = groups[node] = GridNode(node, ready, node_cordoned)
         if filters.model and model != filters.model:
             continue
-        if filters.namespace and filters.namespace not in card_namespaces:
+        if filters.namespace and filters.namespace not in on_card.values():
+            continue
+        if healthy and present and not cordoned and not node_cordoned and not pending:
+            states = HEALTHY  # most cards: skip the general rule
+        else:
+            states = card_states(healthy, present, cordoned, node_cordoned, pending)
+        if filters.state and filters.state not in states:
             continue
         used = held.get(card_id, ledger_usage.EMPTY_CARD)
-        card = GridCard(
-            uuid, index, model, node, memory, compute, slots, mode, pending, healthy, present,
-            cordoned, node_cordoned, ready, used.memory_mib, used.cores, used.slots,
-            tuple(on_card),
-        )  # fmt: skip
-        if filters.state and filters.state not in card.states:
-            continue
-        group.cards.append(card)
+        group.cards.append(
+            GridCard(
+                uuid,
+                index,
+                model,
+                node,
+                memory,
+                compute,
+                slots,
+                mode,
+                pending,
+                states[0],
+                used.memory_mib,
+                used.cores,
+                used.slots,
+                tuple(sorted(on_card)),
+            )
+        )
         shown += 1
     nodes = [g for g in groups.values() if g.cards]
     if filters.sort in ("free", "-free"):
-        most_first = filters.sort == "free"
+        sign = -1 if filters.sort == "free" else 1
         for g in nodes:
-            g.cards.sort(key=lambda c: -c.free_memory_mib if most_first else c.free_memory_mib)
-        nodes.sort(key=lambda g: (-g.free_memory_mib if most_first else g.free_memory_mib, g.name))
+            g.cards.sort(key=lambda c: sign * c.free_memory_mib)
+        nodes.sort(key=lambda g: (sign * g.free_memory_mib, g.name))
     return Grid(nodes, shown, len(rows), sorted(models), sorted(namespaces))
 
 
@@ -192,39 +203,53 @@ def _level(share: float) -> int:
     return min(10, max(1, int(share * 10 + 0.999)))
 
 
-def _tooltip(card: GridCard) -> str:
-    pods = card.pods[:TOOLTIP_PODS]
-    more = len(card.pods) - len(pods)
-    pod_line = ", ".join(pods) + (f" and {more} more" if more else "") if pods else "no pods"
-    mode = card.mode + (f" \u2192 {card.pending_mode} (draining)" if card.pending_mode else "")
-    return (
-        f"GPU {card.index} \u00b7 {card.node} \u00b7 {card.state}\n{card.model} \u00b7 {mode}\n"
-        f"memory {card.used_memory_mib}/{card.memory_mib} MiB \u00b7 "
-        f"compute {card.used_cores}/{card.compute_units}% \u00b7 "
-        f"slots {card.used_slots}/{card.slots}\n{pod_line}"
-    )
+STATE_MARK = {"healthy": "", "unhealthy": " sU", "draining": " sD", "cordoned": " sC"}
+# NVML UUIDs are letters, digits and dashes (ledger/validation.py): nothing to quote in a URL.
+_URL_SAFE = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def render_cells(nodes: Iterable[GridNode], colour: str) -> SafeString:
     """The grid's HTML: per node a labelled group, per card a linked cell whose class carries
     its colour step (`aN`), its state (`sU` unhealthy, `sD` draining, `sC` cordoned) and its
-    mode's mark; the title says the rest. Every ledger value is escaped."""
+    mode's mark; the title says the rest:
+
+        GPU 3 · node-a · cordoned
+        NVIDIA A100-SXM4-80GB · shared
+        memory 40960/81920 MiB · compute 60/100% · slots 3/10
+        team-a/train-0, team-b/infer-1
+
+    Every ledger value is escaped (each model and node once, not once per cell).
+    """
     card_prefix = reverse("dashboard:card", args=["x"])[: -len("x/")]
     node_prefix = reverse("dashboard:node", args=["x"])[: -len("x/")]
-    state_mark = {"healthy": "", "unhealthy": " sU", "draining": " sD", "cordoned": " sC"}
+    models: dict[str, str] = {}
     out: list[str] = []
     for group in nodes:
         name = escape(group.name)
-        flag = "" if group.ready else " nr"
         out.append(
-            f'<div class="gn{flag}"><a class="gl" href="{node_prefix}{quote(group.name)}/">'
-            f"{name}</a>"
+            f'<div class="gn{"" if group.ready else " nr"}"><a class="gl" '
+            f'href="{node_prefix}{quote(group.name)}/">{name}</a>'
         )
         for c in group.cards:
-            css = f"c a{_level(c.share(colour))}{state_mark[c.state]}{MODE_MARK.get(c.mode, '')}"
+            model = models.get(c.model)
+            if model is None:
+                model = models[c.model] = escape(c.model)
+            uuid = c.uuid if _URL_SAFE.fullmatch(c.uuid) else quote(c.uuid, safe="")
+            pods = c.pods[:TOOLTIP_PODS]
+            pod_line = escape(", ".join(pods)) if pods else "no pods"
+            if len(c.pods) > len(pods):
+                pod_line += f" and {len(c.pods) - len(pods)} more"
+            mode = escape(c.mode)
+            if c.pending_mode:
+                mode += f" \u2192 {escape(c.pending_mode)} (draining)"
+            state = "" if c.state == "healthy" else f" \u00b7 {c.state}"
             out.append(
-                f'<a class="{css}" href="{card_prefix}{quote(c.uuid, safe="")}/" '
-                f'title="{escape(_tooltip(c))}"></a>'
+                f'<a class="c a{_level(c.share(colour))}{STATE_MARK[c.state]}'
+                f'{MODE_MARK.get(c.mode, "")}" href="{card_prefix}{uuid}/" '
+                f'title="GPU {c.index} \u00b7 {name}{state}\n{model} \u00b7 {mode}\n'
+                f"memory {c.used_memory_mib}/{c.memory_mib} MiB \u00b7 "
+                f"compute {c.used_cores}/{c.compute_units}% \u00b7 "
+                f'slots {c.used_slots}/{c.slots}\n{pod_line}"></a>'
             )
         out.append("</div>")
     return mark_safe("".join(out))  # noqa: S308 - every ledger value above is escaped

@@ -62,7 +62,6 @@ def test_one_cell_per_card_grouped_by_node_with_its_facts(cluster: None) -> None
 def test_the_cell_colour_follows_the_allocated_share_and_the_toggle(cluster: None) -> None:
     client = signed_in(Role.VIEWER)
     trainer = next(u for _, u, t in cells(client) if "team-a/train-0" in t)
-    Card.objects.filter(uuid=trainer)  # the card that holds 61440 of 81920 MiB and 20% compute
     by_memory = {u: css for css, u, _ in cells(client)}
     by_compute = {u: css for css, u, _ in cells(client, "?colour=compute")}
     assert by_memory[trainer].split()[1] == "a8"  # 75% -> the eighth step
