@@ -23,6 +23,7 @@ from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
 from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
 from controlplane.dashboard.looks import namespace_looks
+from controlplane.ledger import fit_hints
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import cordons
@@ -215,7 +216,10 @@ def pod(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """`/pods/<namespace>/<name>/`: allocation per container, decision log, why pending."""
     detail = selectors.pod_detail(namespace, name)
     status = 404 if detail.binding is None and detail.decision is None else 200
-    return render(request, "dashboard/pod.html", {"pod": detail}, status=status)
+    fit = None
+    if detail.status is not None:
+        fit = fit_hints.hints_for(namespace, detail.status.outcome, detail.status.decision)
+    return render(request, "dashboard/pod.html", {"pod": detail, "fit": fit}, status=status)
 
 
 @require_http_methods(["GET", "POST"])
