@@ -66,7 +66,11 @@ class GridCard(NamedTuple):
     @property
     def pods(self) -> tuple[str, ...]:
         """`namespace/name` of each pod on the card, once each, sorted."""
-        return tuple(sorted(set(self.pod_lines[1:].split("\n")))) if self.pod_lines else ()
+        if not self.pod_lines:
+            return ()
+        if self.pod_lines.count("\n") == 1:  # most cards hold one slice: nothing to sort
+            return (self.pod_lines[1:],)
+        return tuple(sorted(set(self.pod_lines[1:].split("\n"))))
 
     @property
     def free_memory_mib(self) -> int:
@@ -228,11 +232,12 @@ def render_cells(nodes: Iterable[GridNode], colour: str) -> SafeString:
         memory 40960/81920 MiB · compute 60/100% · slots 3/10
         team-a/train-0, team-b/infer-1
 
-    Every ledger value is escaped (each model and node once, not once per cell).
+    Every ledger value is escaped (each node, and each model and mode line, once rather than
+    once per cell).
     """
     card_prefix = reverse("dashboard:card", args=["x"])[: -len("x/")]
     node_prefix = reverse("dashboard:node", args=["x"])[: -len("x/")]
-    models: dict[str, str] = {}
+    kinds: dict[tuple[str, str, str], str] = {}
     out: list[str] = []
     for group in nodes:
         name = escape(group.name)
@@ -241,23 +246,23 @@ def render_cells(nodes: Iterable[GridNode], colour: str) -> SafeString:
             f'href="{node_prefix}{quote(group.name)}/">{name}</a>'
         )
         for c in group.cards:
-            model = models.get(c.model)
-            if model is None:
-                model = models[c.model] = escape(c.model)
+            kind = kinds.get((c.model, c.mode, c.pending_mode))
+            if kind is None:
+                kind = f"{escape(c.model)} \u00b7 {escape(c.mode)}"
+                if c.pending_mode:
+                    kind += f" \u2192 {escape(c.pending_mode)} (draining)"
+                kinds[(c.model, c.mode, c.pending_mode)] = kind
             uuid = c.uuid if _URL_SAFE.fullmatch(c.uuid) else quote(c.uuid, safe="")
             on_card = c.pods
             pods = on_card[:TOOLTIP_PODS]
             pod_line = escape(", ".join(pods)) if pods else "no pods"
             if len(on_card) > len(pods):
                 pod_line += f" and {len(on_card) - len(pods)} more"
-            mode = escape(c.mode)
-            if c.pending_mode:
-                mode += f" \u2192 {escape(c.pending_mode)} (draining)"
             state = "" if c.state == "healthy" else f" \u00b7 {c.state}"
             out.append(
                 f'<a class="c a{_level(c.share(colour))}{STATE_MARK[c.state]}'
                 f'{MODE_MARK.get(c.mode, "")}" href="{card_prefix}{uuid}/" '
-                f'title="GPU {c.index} \u00b7 {name}{state}\n{model} \u00b7 {mode}\n'
+                f'title="GPU {c.index} \u00b7 {name}{state}\n{kind}\n'
                 f"memory {c.used_memory_mib}/{c.memory_mib} MiB \u00b7 "
                 f"compute {c.used_cores}/{c.compute_units}% \u00b7 "
                 f'slots {c.used_slots}/{c.slots}\n{pod_line}"></a>'

@@ -206,3 +206,21 @@ def test_the_page_query_count_does_not_grow_with_the_cluster(cluster: None, quer
     assert Node.objects.count() == 10
     assert count() == small
     assert small <= 8  # session and user, then the grid's four
+
+
+def test_the_tooltip_names_each_pod_once_and_caps_the_list(monkeypatch: Any) -> None:
+    make_node("n1", cards=1, memory_mib=81920)
+    pod(
+        "with-init",
+        "n1",
+        gpu_container("app", mem=1024, cores=10),
+        init_containers=[gpu_container("setup", mem=2048, cores=10)],
+        namespace="team-a",
+    )
+    pod("other", "n1", gpu_container("app", mem=1024, cores=10), namespace="team-b")
+    client = signed_in(Role.VIEWER)
+    ((_, _, title),) = cells(client)
+    assert title.endswith("\nteam-a/with-init, team-b/other")  # sorted, the init slice folded in
+    monkeypatch.setattr(grid, "TOOLTIP_PODS", 1)
+    ((_, _, title),) = cells(client)
+    assert title.endswith("\nteam-a/with-init and 1 more")
