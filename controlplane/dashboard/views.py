@@ -105,11 +105,11 @@ def grid(request: HttpRequest) -> HttpResponse:
         colour=choice("colour", card_grid.COLOURS, "memory"),
         sort=choice("sort", card_grid.SORTS, "node"),
     )
-    data = card_grid.card_grid(filters)
+    data, cells = card_grid.build(filters)
     context = {
         "grid": data,
         "filters": filters,
-        "cells": card_grid.render_cells(data.nodes, filters.colour),
+        "cells": cells,
         "states": card_grid.STATES,
         "ns_looks": namespace_looks(data.namespaces),
     }
