@@ -16,6 +16,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     ),
     path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
     path("nodes/", views.nodes, name="nodes"),
+    path("grid/", views.grid, name="grid"),
     path("nodes/<str:name>/", views.node, name="node"),
     path("nodes/<str:name>/cordon/", views.node_cordon, name="node-cordon"),
     path("cards/<str:uuid>/", views.card, name="card"),

@@ -17,11 +17,13 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access.roles import Role, has_role
+from controlplane.dashboard import grid as card_grid
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
 from controlplane.dashboard.forms import CardModeForm, CordonForm, GrantRoleForm, QuotaForm
 from controlplane.dashboard.looks import namespace_looks
+from controlplane.ledger import fit_hints
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import Card, PodBinding
 from controlplane.ledger.services import cordons, mode_rules, modes
@@ -84,6 +86,34 @@ def nodes(request: HttpRequest) -> HttpResponse:
     }
     template = "dashboard/_nodes_live.html" if _fragment(request) else "dashboard/nodes.html"
     return render(request, template, context)
+
+
+@role_required(Role.VIEWER)
+def grid(request: HttpRequest) -> HttpResponse:
+    """`/grid/`: every card on one screen, coloured by allocation; filters are GET parameters,
+    so the page reads (and filters) without JavaScript."""
+    get = request.GET
+
+    def choice(key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = get.get(key, default)
+        return value if value in allowed else default
+
+    filters = card_grid.GridFilters(
+        model=get.get("model", "").strip()[:128],
+        namespace=get.get("namespace", "").strip()[:63],
+        state=choice("state", card_grid.STATES, ""),
+        colour=choice("colour", card_grid.COLOURS, "memory"),
+        sort=choice("sort", card_grid.SORTS, "node"),
+    )
+    data, cells = card_grid.build(filters)
+    context = {
+        "grid": data,
+        "filters": filters,
+        "cells": cells,
+        "states": card_grid.STATES,
+        "ns_looks": namespace_looks(data.namespaces),
+    }
+    return render(request, "dashboard/grid.html", context)
 
 
 @role_required(Role.VIEWER)
@@ -213,7 +243,10 @@ def pod(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """`/pods/<namespace>/<name>/`: allocation per container, decision log, why pending."""
     detail = selectors.pod_detail(namespace, name)
     status = 404 if detail.binding is None and detail.decision is None else 200
-    return render(request, "dashboard/pod.html", {"pod": detail}, status=status)
+    fit = None
+    if detail.status is not None:
+        fit = fit_hints.hints_for(namespace, detail.status.outcome, detail.status.decision)
+    return render(request, "dashboard/pod.html", {"pod": detail, "fit": fit}, status=status)
 
 
 @require_http_methods(["GET", "POST"])

@@ -31,6 +31,7 @@ PAGES = [
     "/nodes/",
     "/nodes/?fragment=1",
     "/nodes/n1/",
+    "/grid/",
     "/cards/GPU-n1-0/",
     "/bindings/",
     "/pods/team-a/train-0/",
