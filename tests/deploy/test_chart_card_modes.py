@@ -80,3 +80,31 @@ def test_values_schema_refuses_bad_card_modes(tmp_path: Path, bad: str, field: s
                     "--set", bad, home=tmp_path, check=False)  # fmt: skip
     assert proc.returncode != 0, bad
     assert field in proc.stderr, proc.stderr
+
+
+def _nodeplugin(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [plugin] = [
+        c
+        for d in docs
+        if d["kind"] == "DaemonSet"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "nodeplugin"
+    ]
+    return dict(plugin)
+
+
+def test_the_node_plugin_gets_what_mps_and_mig_cards_need_only_when_asked(tmp_path: Path) -> None:
+    plain = _nodeplugin(render())
+    env = {e["name"]: e.get("value") for e in plain["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "NVIDIA_MIG_CONFIG_DEVICES" not in env
+    assert plain["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "privileged" not in plain["securityContext"]
+
+    values = tmp_path / "modes.yaml"
+    values.write_text("cardModes:\n  mps: true\n  mig: true\n")
+    both = _nodeplugin(render(str(values)))
+    env = {e["name"]: e.get("value") for e in both["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    assert env["NVIDIA_MIG_CONFIG_DEVICES"] == env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert both["securityContext"]["privileged"] is True
