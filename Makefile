@@ -73,7 +73,7 @@ beat: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy controlplane/scheduling nodeplugin
+	$(VENV)/bin/mypy controlplane/scheduling controlplane/cli nodeplugin
 	$(VENV)/bin/lint-imports
 
 check-shim: venv

@@ -42,10 +42,14 @@ Environment variables (all optional):
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
   TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
                                  default-scheduler); pods naming any other are left alone
+  TESSERA_CARD_MODE_DEFAULTS     the mode a card starts in when it first registers: a JSON list
+                                 of {"model": "<substring>", "mode": "shared|mig|mps|exclusive"},
+                                 first match wins (default []: every card starts shared)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from datetime import timedelta
@@ -114,6 +118,49 @@ def env_modes(name: str, default: str, choices: tuple[str, ...]) -> tuple[str, .
             f"{name}={raw!r}: expected a comma list of {', '.join(choices)} (at least one)"
         )
     return modes
+
+
+# The card modes (controlplane.ledger.models.Card.Mode; a test holds the two lists equal: settings
+# load before the apps, so they cannot import the model).
+CARD_MODES = ("shared", "mig", "mps", "exclusive")
+MAX_CARD_MODE_RULES = 64
+
+
+def env_card_mode_defaults(name: str) -> tuple[dict[str, str], ...]:
+    """A JSON list of {"model": <substring>, "mode": <card mode>}; refused at start, naming the
+    rule and the key at fault, rather than a card registered in a mode nobody meant."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return ()
+    try:
+        rules = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: not JSON ({exc}); expected a JSON list") from None
+    if not isinstance(rules, list) or len(rules) > MAX_CARD_MODE_RULES:
+        raise ImproperlyConfigured(
+            f"{name}: expected a JSON list of at most {MAX_CARD_MODE_RULES} rules like "
+            '{"model": "A100", "mode": "mig"}'
+        )
+    out = []
+    for position, rule in enumerate(rules):
+        where = f"{name}[{position}]"
+        if not isinstance(rule, dict) or set(rule) != {"model", "mode"}:
+            raise ImproperlyConfigured(
+                f'{where}: expected an object with exactly "model" and "mode", got {rule!r}'
+            )
+        model, mode = rule["model"], rule["mode"]
+        if not isinstance(model, str) or not model.strip() or len(model) > 128:
+            raise ImproperlyConfigured(
+                f"{where}.model: expected a non-empty part of a card's model name (at most 128 "
+                f"characters), got {model!r}"
+            )
+        if mode not in CARD_MODES:
+            raise ImproperlyConfigured(
+                f"{where}.mode: {mode!r} is not a card mode; expected one of "
+                f"{', '.join(CARD_MODES)}"
+            )
+        out.append({"model": model.strip(), "mode": mode})
+    return tuple(out)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -505,6 +552,8 @@ TESSERA = {
     # A GPU pod naming any other scheduler (Volcano, KAI, ...) is left untouched, as HAMi does;
     # empty: only pods that name no scheduler or Tessera's own.
     "ADOPTED_SCHEDULERS": env_names("TESSERA_ADOPTED_SCHEDULERS", "default-scheduler"),
+    # The mode a card starts in when it first registers (docs/card-modes.md); first match wins.
+    "CARD_MODE_DEFAULTS": env_card_mode_defaults("TESSERA_CARD_MODE_DEFAULTS"),
     # HMAC key for the allocation annotation (docs/allocation.md). Production reads the file;
     # the plain variable is for dev/test; with neither, dev generates .local/allocation.key.
     "ALLOCATION_KEY_FILE": env_str("TESSERA_ALLOCATION_KEY_FILE", ""),
@@ -517,6 +566,8 @@ TESSERA = {
     # dropped: ledger/services/confirmations.py).
     "CONFIRM_ASYNC": env_bool("TESSERA_CONFIRM_ASYNC", True),
     "EVENTS_ASYNC": env_bool("TESSERA_EVENTS_ASYNC", True),
+    # Tessera's own preemption for pods unschedulable for want of GPU room (docs/preemption.md)
+    "PREEMPTION": env_bool("TESSERA_PREEMPTION", True),
     # Largest extender / webhook body read (a v1.Pod plus NodeNames of a big cluster).
     "EXTENDER_MAX_BODY": env_int(
         "TESSERA_EXTENDER_MAX_BODY", 1024 * 1024, low=64 * 1024, high=64 * 1024 * 1024

@@ -35,4 +35,5 @@ TESSERA = {
     "DECISION_LOG_ASYNC": False,
     "CONFIRM_ASYNC": False,
     "EVENTS_ASYNC": False,
+    "PREEMPTION": False,
 }

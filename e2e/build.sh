@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes binaries the end-to-end harness runs, from the Go module proxy:
-#   kube-apiserver, kube-scheduler (k8s.io/kubernetes, pinned by e2e/tools/go.mod),
+#   kube-apiserver, kube-scheduler, kubectl (k8s.io/kubernetes, pinned by e2e/tools/go.mod),
 #   kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v3), all versions from e2e/versions.env;
 #   for the real node: kubelet and kube-controller-manager (k8s.io/kubernetes), containerd,
 #   containerd-shim-runc-v2 and ctr (github.com/containerd/containerd/v2), crictl
@@ -19,7 +19,7 @@ CACHE=${TESSERA_E2E_CACHE:-$ROOT/.cache/e2e}
 FORCE=0
 if [ "${1:-}" = "--force" ]; then FORCE=1; shift; fi
 WANT=("$@")
-ALL=(kube-apiserver kube-scheduler kwok helm kubelet kube-controller-manager containerd
+ALL=(kube-apiserver kube-scheduler kubectl kwok helm kubelet kube-controller-manager containerd
      containerd-shim-runc-v2 ctr crictl registry)
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
 for name in "${WANT[@]}"; do
@@ -114,6 +114,10 @@ containerd_install() {
 
 if wanted kube-apiserver; then build_one kube-apiserver "$KUBERNETES_VERSION" k8s_build kube-apiserver; fi
 if wanted kube-scheduler; then build_one kube-scheduler "$KUBERNETES_VERSION" k8s_build kube-scheduler; fi
+# kubectl runs the `kubectl tessera` plugin in tests/kubectl. A go build of its own, like the
+# others: the packages it shares with them (client-go, apimachinery, ...) come compiled from
+# GOCACHE, so only kubectl's own (k8s.io/kubectl, cli-runtime, kustomize) cost time cold.
+if wanted kubectl; then build_one kubectl "$KUBERNETES_VERSION" k8s_build kubectl; fi
 if wanted kwok; then build_one kwok "$KWOK_VERSION" go_install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; fi
 if wanted helm; then build_one helm "$HELM_VERSION" go_install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; fi
 if wanted kubelet; then build_one kubelet "$KUBERNETES_VERSION" k8s_build kubelet; fi

@@ -1094,6 +1094,7 @@ class Cluster:
             "urlPrefix": f"{self.extender_url}/scheduler",
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
+            "preemptVerb": "preempt",
             "bindVerb": "bind",
             "weight": 1,
             "enableHTTPS": False,

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,31 @@ class AllocationError(ValueError):
     """A record that is malformed, unsigned, forged or for another pod or node."""
 
 
+# The card's mode (docs/card-modes.md); a record leaves ``mode`` out for a shared card.
+SHARED, MIG, MPS, EXCLUSIVE = "shared", "mig", "mps", "exclusive"
+MODES = (SHARED, MIG, MPS, EXCLUSIVE)
+MAX_MIG_SLICES = 64  # memory slices of a card; today's cards have 8
+_MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)*(-[a-z0-9]+)*$")
+MIG_KEYS = frozenset({"profile", "start", "size"})
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """One GPU instance of a MIG profile at one placement on the card's memory slices
+    (NVML's ``nvmlGpuInstancePlacement_t``)."""
+
+    profile: str  # NVIDIA's name, e.g. 3g.40gb
+    start: int
+    size: int
+
+
 @dataclass(frozen=True)
 class SliceDevice:
     uuid: str
     memory_mib: int
     cores: int
+    mode: str = SHARED
+    mig: MigPlacement | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,52 @@ def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _mode(d: dict[str, Any], where: str) -> tuple[str, MigPlacement | None]:
+    """The device's ``mode`` and ``mig`` keys: absent mode is a shared card; ``mig`` comes with
+    mode ``mig`` and with no other."""
+    mode = _field(d, "mode", str, where) if "mode" in d else SHARED
+    if mode not in MODES:
+        raise AllocationError(
+            f"allocation record: {where}mode={mode!r} is not one of {', '.join(MODES)}"
+        )
+    if mode != MIG:
+        if "mig" in d:
+            raise AllocationError(
+                f"allocation record: {where}mig is set on a device of mode {mode!r}; only a "
+                "mig device has a MIG placement"
+            )
+        return mode, None
+    if "mig" not in d:
+        raise AllocationError(
+            f"allocation record: {where}mig is missing; a mig device names its profile and "
+            "placement"
+        )
+    mig = _field(d, "mig", dict, where)
+    mwhere = f"{where}mig."
+    extra = sorted(set(mig) - MIG_KEYS)
+    if extra:
+        raise AllocationError(
+            f"allocation record: {mwhere}{extra[0]} is not a MIG placement field (want "
+            f"{', '.join(sorted(MIG_KEYS))})"
+        )
+    profile = _field(mig, "profile", str, mwhere)
+    start = _field(mig, "start", int, mwhere)
+    size = _field(mig, "size", int, mwhere)
+    if not _MIG_PROFILE.match(profile):
+        raise AllocationError(
+            f"allocation record: {mwhere}profile={profile!r} is not a MIG profile name "
+            "(e.g. 3g.40gb)"
+        )
+    if not 0 <= start < MAX_MIG_SLICES:
+        raise AllocationError(f"allocation record: {mwhere}start={start} is not 0..63")
+    if not 1 <= size <= MAX_MIG_SLICES - start:
+        raise AllocationError(
+            f"allocation record: {mwhere}size={size} does not fit the card's memory slices "
+            f"from start={start}"
+        )
+    return mode, MigPlacement(profile, start, size)
+
+
 def parse(data: Any) -> Allocation:
     """Validate a decoded record (version 1). Raises AllocationError naming the field."""
     if not isinstance(data, dict):
@@ -120,7 +187,8 @@ def parse(data: Any) -> Allocation:
                 raise AllocationError(f"allocation record: {dwhere}memory_mib={memory} is absurd")
             if not 0 <= cores <= 100:
                 raise AllocationError(f"allocation record: {dwhere}cores={cores} is not 0..100")
-            devices.append(SliceDevice(uuid, memory, cores))
+            mode, mig = _mode(d, dwhere)
+            devices.append(SliceDevice(uuid, memory, cores, mode, mig))
         if len({d.uuid for d in devices}) != len(devices):
             raise AllocationError(
                 f"allocation record: {where}devices repeats a card; each slice is on its own card"

@@ -18,11 +18,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from nodeplugin import __version__, edits, ids
 from nodeplugin import cards as cardmod
+from nodeplugin.allocation import MIG, MPS
 from nodeplugin.cards import Card, Health
 from nodeplugin.config import Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
 from nodeplugin.http import HttpUnavailable
 from nodeplugin.kubeapi import KubeApi
+from nodeplugin.mig import Mig, MigError, MigStatus
+from nodeplugin.mps import MpsDaemon
 from nodeplugin.nvml import HealthMonitor, Nvml
 from nodeplugin.pb import dp
 from nodeplugin.podresources import PodResources, PodResourcesError
@@ -47,6 +50,7 @@ from nodeplugin.usage import UsageCollector
 from nodeplugin.writer import Writer
 
 log = logging.getLogger("nodeplugin")
+MIG_REPORT_RETRY_S = 600.0
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -85,6 +89,15 @@ class Plugin:
         self.cards: list[Card] = self.nvml.discover()
         self.stopping = asyncio.Event()
         self.registry = Registry(self.cards, settings.slots)
+        # A card's health is its NVML health, and then what its mode needs (MIG on, the MPS
+        # daemon running); the kubelet and the control plane see the first thing wrong.
+        self.nvml_health: dict[str, Health] = {}
+        self.modes: dict[str, str] = {}
+        self.mig = Mig(self.nvml.handles, settings.state_dir)
+        self.mig_status: dict[str, MigStatus] = {}
+        self.mig_error: dict[str, str] = {}
+        self._mig_refused_until = 0.0
+        self.mps = MpsDaemon(settings.mps_control, settings.state_dir, settings.mps_poll_s)
         self.cp = ControlPlane(
             settings.controlplane_url,
             settings.token_file,
@@ -121,6 +134,8 @@ class Plugin:
             shim_container_path=settings.shim_container_path,
             preload=settings.preload,
             container_log_level=settings.container_log_level,
+            mps_pipe_dir=self.mps.pipe_dir,
+            mps_container_dir=settings.mps_container_dir,
         )
         control = [c for c in edits.CONTROL_DEVICES if (settings.dev_root / c).exists()]
         self.writer = Writer(
@@ -137,6 +152,7 @@ class Plugin:
             source,
             self.cp,
             self.stopping,
+            mig=self.mig,
         )
         self.server: grpc.aio.Server | None = None
         self.monitor: HealthMonitor | None = None
@@ -242,8 +258,146 @@ class Plugin:
     # -- health and inventory --------------------------------------------------------------
 
     def _on_health(self, uuid: str, health: Health) -> None:
-        if self.registry.set_health(uuid, health):
+        self.nvml_health[uuid] = health
+        self._refresh_health(uuid)
+
+    def _mode_health(self, uuid: str) -> Health:
+        mode = self.modes.get(uuid)
+        if mode == MIG:
+            if uuid in self.mig_error:
+                return Health(False, self.mig_error[uuid])
+            st = self.mig_status.get(uuid)
+            if st is None or st.enabled:
+                return Health(True)
+            if st.pending:
+                return Health(False, "MIG mode waits for a GPU reset (nvidia-smi -r, or a reboot)")
+            return Health(False, "MIG mode is not on")
+        if mode == MPS and not self.mps.healthy:
+            return Health(False, self.mps.reason)
+        return Health(True)
+
+    def _refresh_health(self, uuid: str) -> None:
+        nvml = self.nvml_health.get(uuid, Health(True))
+        if self.registry.set_health(uuid, nvml if not nvml.healthy else self._mode_health(uuid)):
             self._report_now.set()
+
+    def _refresh_all(self) -> None:
+        for c in self.cards:
+            self._refresh_health(c.uuid)
+
+    # -- card modes ------------------------------------------------------------------------
+
+    def _mig_report(self) -> dict[str, dict[str, object]]:
+        """The inventory's ``mig`` object of each MIG-capable card (NVML calls: a thread)."""
+        out: dict[str, dict[str, object]] = {}
+        for c in self.cards:
+            st = self.mig.status(c.uuid)
+            if not st.capable:
+                continue
+            try:
+                # A GPU instance without a compute instance has no MIG device (no UUID) to show.
+                instances = [i.report() for i in self.mig.instances(c.uuid) if i.uuid]
+            except MigError as exc:
+                log.warning("%s", exc)
+                instances = []
+            out[c.uuid] = {"capable": True, "enabled": st.enabled, "instances": instances}
+        return out
+
+    def _apply_mig_modes(self) -> None:
+        """MIG on for every card whose mode is mig (NVML calls: a thread)."""
+        for uuid, mode in self.modes.items():
+            if mode != MIG:
+                continue
+            try:
+                self.mig_status[uuid] = self.mig.enable(uuid)
+                self.mig_error.pop(uuid, None)
+            except MigError as exc:
+                self.mig_error[uuid] = str(exc)
+                log.error("%s", exc)
+
+    async def apply_modes(self, modes: dict[str, str]) -> None:
+        changed = modes != self.modes
+        if changed:
+            log.info("card modes: %s", modes or "all shared")
+        self.modes = modes
+        before = dict(self.mig_status)
+        await asyncio.to_thread(self._apply_mig_modes)
+        if changed or before != self.mig_status:
+            self._refresh_all()
+            self._report_now.set()
+
+    async def mps_loop(self) -> None:
+        """One MPS control daemon for the node's mps cards, level-based every poll."""
+        while not self.stopping.is_set():
+            cards = [c.uuid for c in self.cards if self.modes.get(c.uuid) == MPS]
+            try:
+                await self.mps.tick(cards, self._refresh_all)
+            except OSError as exc:
+                log.error("MPS control daemon: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.s.mps_poll_s)
+
+    async def mig_reconcile(self) -> None:
+        """After a (re)start: the MIG instances this plugin created whose devices no container
+        holds any more are destroyed; those still held are adopted; instances someone else made
+        are reported and left alone. Nothing is destroyed before the kubelet has answered."""
+        while not self.stopping.is_set():
+            try:
+                listed = await self.podres.list(time.monotonic() + 5)
+                break
+            except PodResourcesError as exc:
+                log.warning("MIG reconcile waits for the kubelet: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 1.0)
+        else:
+            return
+        held: set[str] = set()
+        for holding in listed:
+            held |= holding.device_ids
+        owned = self.mig.owned()
+        for o in owned:
+            if set(self.names.ids(o.digest)) & held:
+                log.info(
+                    "MIG %s at %d+%d on %s adopted (still held by %s)",
+                    o.profile,
+                    o.start,
+                    o.size,
+                    o.card,
+                    o.container,
+                )
+                continue
+            try:
+                await asyncio.to_thread(self.mig.release, o)
+            except MigError as exc:
+                log.error("orphaned MIG instance not destroyed: %s", exc)
+        mine = {(o.card, o.start, o.size) for o in owned}
+        for c in self.cards:
+            try:
+                found = await asyncio.to_thread(self.mig.instances, c.uuid)
+            except MigError as exc:
+                log.warning("%s", exc)
+                continue
+            for i in found:
+                if (i.card, i.start, i.size) not in mine:
+                    log.warning(
+                        "card %s: MIG %s at %d+%d (GPU instance %d) was not created by Tessera; "
+                        "left alone",
+                        i.card,
+                        i.profile,
+                        i.start,
+                        i.size,
+                        i.gi,
+                    )
+
+    async def release_mig(self, digest: str) -> None:
+        """Destroy the MIG instances created for the allocation ``digest`` (its binding ended)."""
+        for o in self.mig.owned():
+            if o.digest != digest:
+                continue
+            try:
+                await asyncio.to_thread(self.mig.release, o)
+            except MigError as exc:
+                log.error("MIG instance of an ended binding not destroyed (retried): %s", exc)
 
     def start_monitor(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.s.health_checks:
@@ -267,9 +421,34 @@ class Plugin:
         failures = 0
         while not self.stopping.is_set():
             self._report_now.clear()
-            report = cardmod.inventory_report(__version__, self.cards, dict(self.registry.health))
+            mig = await asyncio.to_thread(self._mig_report)
+            if time.monotonic() < self._mig_refused_until:
+                mig = {}
+            report = cardmod.inventory_report(
+                __version__, self.cards, dict(self.registry.health), mig
+            )
             try:
-                await self.cp.put_inventory(self.s.node_name, report)
+                try:
+                    answer = await self.cp.put_inventory(self.s.node_name, report)
+                except ControlPlaneError as exc:
+                    if not (mig and exc.status == 400 and "mig" in str(exc)):
+                        raise
+                    # A control plane older than card modes refuses the key: the node must keep
+                    # its heartbeat, so report without it and offer it again later.
+                    self._mig_refused_until = time.monotonic() + MIG_REPORT_RETRY_S
+                    log.warning(
+                        "the control plane does not take the cards' MIG state (%s); reporting "
+                        "without it for %.0fs",
+                        exc,
+                        MIG_REPORT_RETRY_S,
+                    )
+                    report = cardmod.inventory_report(
+                        __version__, self.cards, dict(self.registry.health)
+                    )
+                    answer = await self.cp.put_inventory(self.s.node_name, report)
+                modes = cardmod.modes_from_answer(answer, self.registry.cards.keys())
+                if modes is not None:
+                    await self.apply_modes(modes)
                 await self.servicer.retry_pending_posts()
                 if failures:
                     log.warning("inventory report accepted again after %d failure(s)", failures)
@@ -311,6 +490,9 @@ class Plugin:
                     continue
                 for n in issued:
                     self.writer.remove(n.name)
+                await self.release_mig(digest)
+                if any(o.digest == digest for o in self.mig.owned()):
+                    continue  # an instance is still busy: keep the record, try again next pass
                 self.names.remove(digest)
                 log.info("gc: released %s", ",".join(record_ids))
 
@@ -359,6 +541,8 @@ class Plugin:
             asyncio.create_task(self.report_loop(), name="report"),
             asyncio.create_task(self.gc_loop(), name="gc"),
             asyncio.create_task(self.priority_loop(), name="priority"),
+            asyncio.create_task(self.mps_loop(), name="mps"),
+            asyncio.create_task(self.mig_reconcile(), name="mig-reconcile"),
         ]
         await self.stopping.wait()
         log.info("stopping")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from nodeplugin.allocation import MODES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -22,21 +29,48 @@ class Health:
 
 
 def inventory_report(
-    plugin_version: str, cards: list[Card], health: dict[str, Health]
+    plugin_version: str,
+    cards: list[Card],
+    health: dict[str, Health],
+    mig: Mapping[str, dict[str, object]] | None = None,
 ) -> dict[str, object]:
-    """The JSON body of ``PUT /api/v1/nodes/<name>/inventory`` (DESIGN §7), exactly."""
-    return {
-        "plugin_version": plugin_version,
-        "cards": [
-            {
-                "uuid": c.uuid,
-                "index": c.index,
-                "model": c.model,
-                "memory_mib": c.memory_mib,
-                "numa_node": c.numa_node,
-                "healthy": health.get(c.uuid, Health(True)).healthy,
-                "health_reason": health.get(c.uuid, Health(True)).reason,
-            }
-            for c in sorted(cards, key=lambda c: c.index)
-        ],
-    }
+    """The JSON body of ``PUT /api/v1/nodes/<name>/inventory`` (DESIGN §7), exactly. ``mig``
+    (docs/card-modes.md) goes on the cards that can do MIG only: a card without it is not
+    MIG capable, and a control plane that predates MIG never meets the key."""
+    out = []
+    for c in sorted(cards, key=lambda c: c.index):
+        card: dict[str, object] = {
+            "uuid": c.uuid,
+            "index": c.index,
+            "model": c.model,
+            "memory_mib": c.memory_mib,
+            "numa_node": c.numa_node,
+            "healthy": health.get(c.uuid, Health(True)).healthy,
+            "health_reason": health.get(c.uuid, Health(True)).reason,
+        }
+        if mig and c.uuid in mig:
+            card["mig"] = mig[c.uuid]
+        out.append(card)
+    return {"plugin_version": plugin_version, "cards": out}
+
+
+def modes_from_answer(answer: Mapping[str, Any], uuids: Collection[str]) -> dict[str, str] | None:
+    """The card modes in the inventory report's answer (docs/card-modes.md), for this node's
+    cards; None when the answer has none (a control plane that predates card modes: nothing
+    changes). A card it does not name is shared; a mode the plugin does not know is logged and
+    the card treated as shared rather than guessed."""
+    raw = answer.get("modes")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        log.error("inventory answer: modes must be an object of card UUID to mode, got %r", raw)
+        return None
+    out: dict[str, str] = {}
+    for uuid, mode in raw.items():
+        if uuid not in uuids:
+            continue
+        if mode not in MODES:
+            log.error("inventory answer: modes[%s]=%r is not one of %s", uuid, mode, MODES)
+            continue
+        out[uuid] = mode
+    return out

@@ -72,6 +72,13 @@ class Settings:
     gc_interval_s: float = 300.0
     priority_poll_s: float = 0.1
     priority_busy_s: float = 1.0
+    # MIG: where the driver's /proc files are (nvidia-caps minors).
+    proc_root: Path = Path("/proc")
+    # MPS: the control binary (a name on PATH or a path), the pipe directory inside containers,
+    # and how often the daemon is checked.
+    mps_control: str = "nvidia-cuda-mps-control"
+    mps_container_dir: str = "/tmp/nvidia-mps"  # noqa: S108 - MPS's own default, inside the container
+    mps_poll_s: float = 1.0
 
     @property
     def plugin_socket_path(self) -> Path:
@@ -314,4 +321,17 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         # At most 1 s: a hold's lease is 5 polls, and the shim ignores one over 10 s ahead.
         priority_poll_s=_float(env, "TESSERA_PRIORITY_POLL_S", d.priority_poll_s, 0.01, 1.0),
         priority_busy_s=_float(env, "TESSERA_PRIORITY_BUSY_S", d.priority_busy_s, 0.01, 600.0),
+        proc_root=_abs_path(env, "TESSERA_PROC_ROOT", d.proc_root),
+        mps_control=_mps_control(env, d.mps_control),
+        mps_container_dir=_container_path(env, "TESSERA_MPS_CONTAINER_DIR", d.mps_container_dir),
+        mps_poll_s=_float(env, "TESSERA_MPS_POLL_S", d.mps_poll_s, 0.01, 60.0),
     )
+
+
+def _mps_control(env: Mapping[str, str], default: str) -> str:
+    raw = env.get("TESSERA_MPS_CONTROL", "").strip() or default
+    if "/" in raw and not raw.startswith("/"):
+        raise ConfigError(
+            f"TESSERA_MPS_CONTROL={raw!r} must be a command name on PATH or an absolute path"
+        )
+    return raw

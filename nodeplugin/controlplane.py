@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from nodeplugin.allocation import Allocation, AllocationError, parse
 from nodeplugin.http import HttpUnavailable, JsonClient, TokenFile
@@ -31,15 +32,17 @@ class ControlPlane:
     ) -> None:
         self.http = JsonClient(base_url, TokenFile(token_file), ca_file, timeout_s)
 
-    def _put_inventory(self, node: str, report: dict[str, object]) -> None:
+    def _put_inventory(self, node: str, report: dict[str, object]) -> dict[str, Any]:
         r = self.http.request("PUT", f"/api/v1/nodes/{_q(node)}/inventory", report)
         if r.status not in (200, 201):
             raise ControlPlaneError(
                 r.status, f"inventory report for {node} refused ({r.status}): {r.error_text()}"
             )
+        return r.body if isinstance(r.body, dict) else {}
 
-    async def put_inventory(self, node: str, report: dict[str, object]) -> None:
-        await asyncio.to_thread(self._put_inventory, node, report)
+    async def put_inventory(self, node: str, report: dict[str, object]) -> dict[str, Any]:
+        """The answer, e.g. ``{"modes": {"<uuid>": "mig"}}`` (docs/card-modes.md)."""
+        return await asyncio.to_thread(self._put_inventory, node, report)
 
     def _get_allocation(self, namespace: str, name: str) -> Allocation | None:
         r = self.http.request("GET", f"/api/v1/allocations/{_q(namespace)}/{_q(name)}")

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeplugin.allocation import ContainerAllocation
+from nodeplugin.allocation import MIG, MPS, SHARED, ContainerAllocation, MigPlacement
 from nodeplugin.cards import Card
 
 CDI_VERSION = "0.5.0"
@@ -20,10 +20,34 @@ CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modese
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """The MIG device a container gets: its UUID and the nvidia-caps minors of its GPU and
+    compute instance (``/dev/nvidia-caps/nvidia-cap<N>``)."""
+
+    uuid: str
+    gi_minor: int
+    ci_minor: int
+
+
+@dataclass(frozen=True)
 class PlanDevice:
     card: Card
     memory_mib: int
     cores: int
+    mode: str = SHARED
+    mig: MigPlacement | None = None  # the record's placement (mode mig)
+    mig_device: MigDevice | None = None  # the instance PreStartContainer gave it
+
+    @property
+    def visible_uuid(self) -> str:
+        """What CUDA and the NVIDIA runtime are told: the MIG device's UUID for a MIG slice."""
+        return self.mig_device.uuid if self.mig_device is not None else self.card.uuid
+
+    @property
+    def shim_limited(self) -> bool:
+        """Only shared slices are held by the shim; MIG and MPS hold themselves, and an
+        exclusive card is the container's whole."""
+        return self.mode == SHARED
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,8 @@ class Layout:
     shim_container_path: str
     preload: bool
     container_log_level: str = ""
+    mps_pipe_dir: Path = Path("/var/lib/tessera/nodeplugin/mps/pipe")
+    mps_container_dir: str = "/tmp/nvidia-mps"  # noqa: S108 - MPS's own default pipe directory
 
     @property
     def preload_file(self) -> Path:
@@ -66,6 +92,11 @@ class Layout:
 
 class PlanError(ValueError):
     """The allocation names a card this node does not have, or more cards than allowed."""
+
+
+# What only CDI can give: host-path mode fixes the environment at Allocate, before the pod (and
+# so its MIG device or MPS limits) is known.
+MODES_NEEDING_CDI = (MIG, MPS)
 
 
 def make_plan(
@@ -85,18 +116,39 @@ def make_plan(
                 f"container {container.name!r} is allocated card {d.uuid}, which this node "
                 "does not have"
             )
-        devices.append(PlanDevice(card, d.memory_mib, d.cores))
+        devices.append(PlanDevice(card, d.memory_mib, d.cores, d.mode, d.mig))
     return ContainerPlan(
         name, tuple(devices), namespace, pod, pod_uid, container.name, container.priority
     )
 
 
 def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
-    """``TESSERA_DEVICE_{MEMORY,CORE}_LIMIT_<i>`` with ``i`` the ordinal inside the container."""
+    """``TESSERA_DEVICE_{MEMORY,CORE}_LIMIT_<i>`` with ``i`` the ordinal inside the container,
+    for shared slices only: the shim passes an ordinal without limits through untouched."""
     env: dict[str, str] = {}
     for i, d in enumerate(devices):
+        if not d.shim_limited:
+            continue
         env[f"TESSERA_DEVICE_MEMORY_LIMIT_{i}"] = str(d.memory_mib)
         env[f"TESSERA_DEVICE_CORE_LIMIT_{i}"] = str(d.cores)
+    return env
+
+
+def mps_env(devices: Sequence[PlanDevice], layout: Layout) -> dict[str, str]:
+    """The MPS client settings of a container with ``mps`` slices: the daemon's pipe directory,
+    the pinned memory per device ordinal, and the compute share. MPS takes one active thread
+    percentage per client, so a container with several mps slices gets the smallest (it
+    stays within each of them); 0 (no compute share asked) sets none."""
+    mps = [(i, d) for i, d in enumerate(devices) if d.mode == MPS]
+    if not mps:
+        return {}
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": layout.mps_container_dir,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(f"{i}={d.memory_mib}M" for i, d in mps),
+    }
+    cores = [d.cores for _, d in mps if d.cores > 0]
+    if cores:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(cores))
     return env
 
 
@@ -106,26 +158,28 @@ def priority_env(priority: int | None) -> dict[str, str]:
     return {} if priority is None else {"TESSERA_TASK_PRIORITY": str(priority)}
 
 
-def visible_env(cards: Sequence[Card]) -> dict[str, str]:
+def visible_env(cards: Sequence[Card], uuids: Sequence[str] | None = None) -> dict[str, str]:
     """Card UUIDs in ordinal order: CUDA numbers devices in this order, and the NVIDIA runtime
     hook (where it is in play) injects exactly these cards instead of an image's ``all``.
 
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA's default order puts the fastest card first, NVML's
     is always PCI order; with PCI order anything that numbers cards by index (a program that
     overrides ``CUDA_VISIBLE_DEVICES`` with indices, a tool that takes NVML's index for CUDA's)
-    means the same card in both."""
-    uuids = ",".join(c.uuid for c in cards)
+    means the same card in both. ``uuids`` replaces a card's UUID where the container gets a
+    MIG device of it."""
+    visible = ",".join(uuids if uuids is not None else [c.uuid for c in cards])
     return {
-        "NVIDIA_VISIBLE_DEVICES": uuids,
-        "CUDA_VISIBLE_DEVICES": uuids,
+        "NVIDIA_VISIBLE_DEVICES": visible,
+        "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
 
 
 def container_env(plan: ContainerPlan, layout: Layout) -> dict[str, str]:
     env = {
-        **visible_env([d.card for d in plan.devices]),
+        **visible_env([d.card for d in plan.devices], [d.visible_uuid for d in plan.devices]),
         **limit_env(plan.devices),
+        **mps_env(plan.devices, layout),
         **priority_env(plan.priority),
         "TESSERA_SHARED_REGION": f"{layout.region_container_dir}/{REGION_FILE}",
         "TESSERA_ALLOCATION": plan.name,
@@ -172,6 +226,14 @@ def cdi_spec(
         {"path": f"/dev/{c}", "hostPath": str(layout.dev_root / c), "permissions": "rw"}
         for c in control_devices
     ]
+    for d in plan.devices:
+        if d.mig_device is None:
+            continue
+        for minor in (d.mig_device.gi_minor, d.mig_device.ci_minor):
+            cap = f"nvidia-caps/nvidia-cap{minor}"
+            nodes.append(
+                {"path": f"/dev/{cap}", "hostPath": str(layout.dev_root / cap), "permissions": "rw"}
+            )
     env = container_env(plan, layout)
     mounts = [
         *_shim_mounts(layout),
@@ -182,6 +244,15 @@ def cdi_spec(
             "options": ["rw", "nosuid", "nodev", "bind"],
         },
     ]
+    if any(d.mode == MPS for d in plan.devices):
+        mounts.append(
+            {
+                "hostPath": str(layout.mps_pipe_dir),
+                "containerPath": layout.mps_container_dir,
+                "type": "bind",
+                "options": ["rw", "nosuid", "nodev", "bind"],
+            }
+        )
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -13,10 +14,11 @@ import grpc
 import grpc.aio
 
 from nodeplugin import edits, ids, resolve
-from nodeplugin.allocation import Allocation, AllocationError
+from nodeplugin.allocation import MIG, Allocation, AllocationError
 from nodeplugin.config import Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
 from nodeplugin.http import HttpUnavailable
+from nodeplugin.mig import Mig, MigError, MigInstance, Owned, cap_minors
 from nodeplugin.pb import dp
 from nodeplugin.podresources import PodResources, PodResourcesError
 from nodeplugin.registry import Registry
@@ -41,6 +43,8 @@ class Servicer:
         source: AllocationSource,
         controlplane: ControlPlane,
         stopping: asyncio.Event,
+        *,
+        mig: Mig | None = None,
     ) -> None:
         self.s = settings
         self.registry = registry
@@ -50,6 +54,7 @@ class Servicer:
         self.source = source
         self.cp = controlplane
         self.stopping = stopping
+        self.mig = mig
         self._alloc_cache: dict[tuple[str, str], tuple[float, Allocation | None]] = {}
         self._pending_posts: dict[tuple[str, str], list[str]] = {}
         self._lock = asyncio.Lock()
@@ -245,8 +250,23 @@ class Servicer:
             raise PreStartRefused(code.FAILED_PRECONDITION, str(exc)) from None
         except (AllocationError, resolve.ResolveError, edits.PlanError, StoreError) as exc:
             raise PreStartRefused(code.FAILED_PRECONDITION, str(exc)) from None
+        if self.s.device_mode == "paths":
+            for plan in plans:
+                for d in plan.devices:
+                    if d.mode in edits.MODES_NEEDING_CDI:
+                        raise PreStartRefused(
+                            code.FAILED_PRECONDITION,
+                            f"container {plan.container!r} has a {d.mode} slice of card "
+                            f"{d.card.uuid}; {d.mode} needs CDI (TESSERA_DEVICE_MODE=cdi): in "
+                            "host-path mode the environment is fixed before the pod is known",
+                        )
         for plan in plans:
             await self._record(alloc, plan)
+        digest = ids.ids_digest(canonical)
+        try:
+            plans = [await self._give_mig(plan, digest) for plan in plans]
+        except MigError as exc:
+            raise PreStartRefused(code.FAILED_PRECONDITION, str(exc)) from None
         try:
             for plan in plans:
                 self.writer.write(plan)
@@ -255,6 +275,60 @@ class Servicer:
                 code.INTERNAL, f"cannot write the container's config: {exc}"
             ) from None
         return [f"{p.container}:{p.name}" for p in plans]
+
+    async def _give_mig(self, plan: edits.ContainerPlan, digest: str) -> edits.ContainerPlan:
+        """The MIG instance of each mig slice: created at the record's placement, or the one
+        already there adopted (a container restart, a plugin restart); recorded as ours when
+        created here, so that the release path destroys it and nothing else."""
+        if not any(d.mode == MIG for d in plan.devices):
+            return plan
+        if self.mig is None:
+            raise MigError("this plugin runs without MIG support")
+        mig = self.mig
+        devices = []
+        for d in plan.devices:
+            if d.mode != MIG or d.mig is None:
+                devices.append(d)
+                continue
+
+            def record(inst: MigInstance) -> None:
+                mig.record(
+                    Owned(
+                        inst.card,
+                        inst.profile,
+                        inst.start,
+                        inst.size,
+                        inst.gi,
+                        inst.ci if inst.ci is not None else 0,
+                        inst.uuid,
+                        digest,
+                        plan.pod_uid,
+                        plan.container,
+                    )
+                )
+
+            inst, created = await asyncio.to_thread(mig.ensure, d.card.uuid, d.mig, record)
+            if inst.ci is None:  # ensure() fills every instance it returns; say so if not
+                raise MigError(
+                    f"card {d.card.uuid}: MIG instance {inst.gi} has no compute instance"
+                )
+            if created:
+                log.info(
+                    "MIG %s at %d+%d on %s created for %s/%s %s: %s",
+                    inst.profile,
+                    inst.start,
+                    inst.size,
+                    d.card.uuid,
+                    plan.namespace,
+                    plan.pod,
+                    plan.container,
+                    inst.uuid,
+                )
+            gi_minor, ci_minor = cap_minors(self.s.proc_root, d.card.minor, inst.gi, inst.ci)
+            devices.append(
+                dataclasses.replace(d, mig_device=edits.MigDevice(inst.uuid, gi_minor, ci_minor))
+            )
+        return dataclasses.replace(plan, devices=tuple(devices))
 
     async def _record(self, alloc: Allocation, plan: edits.ContainerPlan) -> None:
         """Tell the control plane which cards the container really got, before writing: a 409

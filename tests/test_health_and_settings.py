@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +74,10 @@ def test_defaults_are_embedded_and_sqlite(tmp_path) -> None:
         ({"TESSERA_DEFAULT_VGPU_MODES": "hami-core,vmware"}, "TESSERA_DEFAULT_VGPU_MODES"),
         ({"TESSERA_DEFAULT_VGPU_MODES": ","}, "TESSERA_DEFAULT_VGPU_MODES"),
         ({"TESSERA_MIG_RESOURCES": "maybe"}, "TESSERA_MIG_RESOURCES"),
+        (
+            {"TESSERA_CARD_MODE_DEFAULTS": '[{"model": "A100", "mode": "vgpu"}]'},
+            "TESSERA_CARD_MODE_DEFAULTS[0].mode: 'vgpu' is not a card mode",
+        ),
     ],
 )
 def test_unsafe_or_bad_settings_are_refused_with_a_clear_message(tmp_path, env, message) -> None:
@@ -93,3 +98,44 @@ def test_production_with_key_and_kubeconfig_loads(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "kubeconfig"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not json", "not JSON"),
+        ('{"model": "A100", "mode": "mig"}', "expected a JSON list"),
+        ('[{"model": "A100"}]', '[0]: expected an object with exactly "model" and "mode"'),
+        ('[{"model": "A100", "mode": "mig", "x": 1}]', "[0]: expected an object with exactly"),
+        ('[{"model": "A100", "mode": "mig"}, {"model": "", "mode": "mps"}]', "[1].model"),
+        ('[{"model": 7, "mode": "mps"}]', "[0].model"),
+        ('[{"model": "L4", "mode": "MPS"}]', "[0].mode: 'MPS' is not a card mode"),
+        (json.dumps([{"model": "a", "mode": "mps"}] * 65), "at most 64 rules"),
+    ],
+)
+def test_card_mode_defaults_are_validated_naming_the_rule(monkeypatch, raw, message) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from controlplane.settings import env_card_mode_defaults
+
+    monkeypatch.setenv("TESSERA_CARD_MODE_DEFAULTS", raw)
+    with pytest.raises(ImproperlyConfigured) as err:
+        env_card_mode_defaults("TESSERA_CARD_MODE_DEFAULTS")
+    assert str(err.value).startswith("TESSERA_CARD_MODE_DEFAULTS") and message in str(err.value)
+
+
+def test_card_mode_defaults_read_in_order_and_the_modes_match_the_ledger(monkeypatch) -> None:
+    from controlplane.ledger.models import Card
+    from controlplane.settings import CARD_MODES, env_card_mode_defaults
+
+    assert tuple(Card.Mode.values) == CARD_MODES
+    monkeypatch.setenv(
+        "TESSERA_CARD_MODE_DEFAULTS",
+        '[{"model": " A100 ", "mode": "mig"}, {"model": "H100", "mode": "exclusive"}]',
+    )
+    assert env_card_mode_defaults("TESSERA_CARD_MODE_DEFAULTS") == (
+        {"model": "A100", "mode": "mig"},
+        {"model": "H100", "mode": "exclusive"},
+    )
+    monkeypatch.setenv("TESSERA_CARD_MODE_DEFAULTS", "")
+    assert env_card_mode_defaults("TESSERA_CARD_MODE_DEFAULTS") == ()

@@ -1,4 +1,9 @@
-"""`Authorization: Bearer <token>` authentication for the REST API."""
+"""`Authorization: Bearer <token>` authentication for the REST API.
+
+Also `X-Tessera-Token: <token>` when there is no `Authorization` header: a client that reaches
+the control plane through the Kubernetes API server's service proxy (`kubectl tessera`) cannot
+send its own `Authorization`, which the API server takes for itself and does not pass on.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +20,20 @@ from controlplane.access.models import TOKEN_PREFIX, ApiToken, digest
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+# The header a client behind the API server's service proxy sends its token in (see above).
+PROXY_TOKEN_HEADER = "HTTP_X_TESSERA_TOKEN"  # noqa: S105 - a header's name
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
-            return None
+            proxied = request.META.get(PROXY_TOKEN_HEADER, "")
+            if not proxied:
+                return None
+            header = f"{self.keyword} {proxied}"
         parts = header.split()
         if parts[0].lower() != self.keyword.lower():
             return None

@@ -13,10 +13,76 @@ from controlplane.api.fields import (
     StrictSerializer,
 )
 from controlplane.api.names import CardUUIDField
-from controlplane.ledger.services.nodes import CardReport, InventoryReport
+from controlplane.ledger.models import Card
+from controlplane.ledger.services.nodes import (
+    MAX_MIG_INSTANCES,
+    MAX_MIG_SLICES,
+    CardReport,
+    InventoryReport,
+    MigInstanceReport,
+    MigReport,
+)
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
+
+
+class MigInstanceReportSerializer(StrictSerializer):
+    """A GPU instance NVML lists on the card (display only: the ledger's slices say what is
+    taken)."""
+
+    profile = serializers.RegexField(
+        r"^[0-9][A-Za-z0-9.+]{0,31}$",
+        max_length=32,
+        error_messages={"invalid": "Must be an NVIDIA MIG profile name such as 3g.40gb."},
+    )
+    start = StrictIntegerField(min_value=0, max_value=MAX_MIG_SLICES - 1)
+    size = StrictIntegerField(min_value=1, max_value=MAX_MIG_SLICES)
+    uuid = CardUUIDField(help_text="The MIG device's UUID (MIG-...).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["start"] + attrs["size"] > MAX_MIG_SLICES:
+            raise serializers.ValidationError(
+                {"size": f"start + size ends past the card's memory slices ({MAX_MIG_SLICES})."}
+            )
+        return attrs
+
+
+class MigReportSerializer(StrictSerializer):
+    """What the node plugin knows of a card's MIG (docs/card-modes.md, "Inventory")."""
+
+    capable = StrictBooleanField(help_text="NVML supports MIG on this card.")
+    enabled = StrictBooleanField(help_text="MIG mode is on now (not pending a GPU reset).")
+    instances = MigInstanceReportSerializer(
+        many=True,
+        max_length=MAX_MIG_INSTANCES,
+        allow_empty=True,
+        required=False,
+        default=list,
+        error_messages={
+            "max_length": f"At most {MAX_MIG_INSTANCES} MIG instances on one card: no GPU can be "
+            "cut into more."
+        },
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["enabled"] and not attrs["capable"]:
+            raise serializers.ValidationError(
+                {"enabled": "A card that is not MIG-capable cannot have MIG enabled."}
+            )
+        if attrs["instances"] and not attrs["enabled"]:
+            raise serializers.ValidationError(
+                {"instances": "GPU instances exist only while MIG is enabled."}
+            )
+        seen: dict[str, int] = {}
+        for position, instance in enumerate(attrs["instances"]):
+            if instance["uuid"] in seen:
+                raise serializers.ValidationError(
+                    {f"instances[{position}].uuid": f"Duplicate {instance['uuid']!r}: also at "
+                     f"instances[{seen[instance['uuid']]}]."}
+                )  # fmt: skip
+            seen[instance["uuid"]] = position
+        return attrs
 
 
 class CardReportSerializer(StrictSerializer):
@@ -27,6 +93,12 @@ class CardReportSerializer(StrictSerializer):
     numa_node = StrictIntegerField(min_value=-1, max_value=1023, allow_null=True, required=False)
     healthy = StrictBooleanField()
     health_reason = StrictCharField(max_length=256, allow_blank=True, required=False, default="")
+    mig = MigReportSerializer(
+        required=False,
+        allow_null=True,
+        help_text="Optional (plugins that predate card modes send none): the card's MIG support, "
+        "state and GPU instances.",
+    )
 
 
 class InventoryReportSerializer(StrictSerializer):
@@ -70,10 +142,24 @@ class InventoryReportSerializer(StrictSerializer):
                     numa_node=None if c.get("numa_node") in (None, -1) else c["numa_node"],
                     healthy=c["healthy"],
                     health_reason=c.get("health_reason", ""),
+                    mig=_mig(c.get("mig")),
                 )
                 for c in data["cards"]
             ),
         )
+
+
+def _mig(data: dict[str, Any] | None) -> MigReport | None:
+    if data is None:
+        return None
+    return MigReport(
+        capable=data["capable"],
+        enabled=data["enabled"],
+        instances=tuple(
+            MigInstanceReport(i["profile"], i["start"], i["size"], i["uuid"])
+            for i in data["instances"]
+        ),
+    )
 
 
 class InventoryResultSerializer(serializers.Serializer):
@@ -87,3 +173,8 @@ class InventoryResultSerializer(serializers.Serializer):
         child=serializers.CharField(), help_text="Registered cards this report left out."
     )
     last_heartbeat = serializers.DateTimeField()
+    modes = serializers.DictField(
+        child=serializers.ChoiceField(choices=Card.Mode.choices),
+        help_text="Each of the node's cards by UUID: the mode it is in (docs/card-modes.md); the "
+        "node plugin sets the card up for it.",
+    )

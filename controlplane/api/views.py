@@ -18,6 +18,16 @@ from controlplane.api.schema import EXAMPLE, conflict
 from controlplane.api.serializers import InventoryReportSerializer, InventoryResultSerializer
 from controlplane.ledger.services import nodes
 
+EXAMPLE_CARD = {
+    "uuid": EXAMPLE["card"],
+    "index": 0,
+    "model": "NVIDIA A100-SXM4-80GB",
+    "memory_mib": 81920,
+    "numa_node": 0,
+    "healthy": True,
+    "health_reason": "",
+}
+
 
 class IsNodeOrAdmin(BasePermission):
     message = "Reporting inventory needs a node identity (or an admin)."
@@ -44,20 +54,34 @@ class NodeInventoryView(APIView):
                 "one card",
                 value={
                     "plugin_version": "0.1.0",
+                    "cards": [EXAMPLE_CARD],
+                },
+                request_only=True,
+            ),
+            OpenApiExample(
+                "a MIG card",
+                value={
+                    "plugin_version": "0.2.0",
                     "cards": [
                         {
-                            "uuid": EXAMPLE["card"],
-                            "index": 0,
-                            "model": "NVIDIA A100-SXM4-80GB",
-                            "memory_mib": 81920,
-                            "numa_node": 0,
-                            "healthy": True,
-                            "health_reason": "",
+                            **EXAMPLE_CARD,
+                            "mig": {
+                                "capable": True,
+                                "enabled": True,
+                                "instances": [
+                                    {
+                                        "profile": "3g.40gb",
+                                        "start": 4,
+                                        "size": 4,
+                                        "uuid": "MIG-4d8c3a7e-5f1b-5c2d-9e6f-0a1b2c3d4e5f",
+                                    }
+                                ],
+                            },
                         }
                     ],
                 },
                 request_only=True,
-            )
+            ),
         ],
         responses={
             200: InventoryResultSerializer,
@@ -84,5 +108,6 @@ class NodeInventoryView(APIView):
             "cards_added": list(result.cards_added),
             "cards_missing": list(result.cards_missing),
             "last_heartbeat": result.node.last_heartbeat,
+            "modes": dict(result.modes),
         }
         return Response(body, status=status.HTTP_201_CREATED if result.created else 200)

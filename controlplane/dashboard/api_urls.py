@@ -1,7 +1,8 @@
-"""/api/v1/ routes of the operations API: quotas, nodes, cards, slices, bindings, cordons.
+"""/api/v1/ routes of the operations API: quotas, nodes, cards, slices, bindings, cordons, card
+modes.
 
-Cordon routes take the path with or without a trailing slash: a POST must never depend on a
-redirect.
+Cordon and mode routes take the path with or without a trailing slash: a POST must never depend
+on a redirect.
 """
 
 from django.urls import URLPattern, URLResolver, path, re_path
@@ -34,6 +35,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
         v.CardCordonView.as_view(cordon=False),
         name="api-card-uncordon",
     ),
+    re_path(rf"^cards/{UUID}/mode/?$", v.CardModeView.as_view(), name="api-card-mode"),
     path("slices/", v.SliceListView.as_view(), name="api-slices"),
     path("bindings/", v.BindingListView.as_view(), name="api-bindings"),
 ]

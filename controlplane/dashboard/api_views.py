@@ -1,4 +1,5 @@
-"""Operations REST API: quotas (CRUD), nodes, cards, slices and bindings (read), cordons.
+"""Operations REST API: quotas (CRUD), nodes, cards, slices and bindings (read), cordons,
+card modes.
 
 Viewers read; operators write. Authentication is a bearer token or the dashboard's session
 (with its CSRF check). Lists answer `{"count", "next", "previous", "results"}`, 50 rows a page
@@ -28,6 +29,7 @@ from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
     CardDetailSerializer,
+    CardModeSerializer,
     CardSerializer,
     CordonSerializer,
     NodeSerializer,
@@ -36,7 +38,7 @@ from controlplane.dashboard.serializers import (
     SliceSerializer,
 )
 from controlplane.ledger.models import PodBinding
-from controlplane.ledger.services import cordons, quotas
+from controlplane.ledger.services import cordons, modes, quotas
 from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
@@ -422,6 +424,39 @@ class CardCordonView(_CordonView):
         check_path(uuid=("card", uuid))
         reason = self._reason(request)
         cordons.set_card_cordon(uuid, self.cordon, request.user.get_username(), reason)
+        detail = selectors.card_detail(uuid)
+        assert detail is not None  # the service raised NotFound otherwise
+        return Response(CardSerializer(detail.card).data)
+
+
+class CardModeView(GenericAPIView):
+    """POST `/api/v1/cards/<uuid>/mode` (operator): change how the card is shared
+    (docs/card-modes.md). An idle card changes at once; a card with slices drains first."""
+
+    permission_classes = [OperatorOnly]
+    serializer_class = CardModeSerializer
+
+    @extend_schema(
+        summary="Set a card's mode: shared, mig, mps or exclusive (operator)",
+        description="A card with no active slice changes at once. A card with slices keeps its "
+        "mode, records the new one as `pending_mode` and is `draining` (it takes no new slices) "
+        "until its last slice ends. Asking for the card's current mode cancels a pending change. "
+        "`mig` needs a card its node plugin reports MIG-capable.",
+        examples=[
+            OpenApiExample(
+                "to MPS",
+                value={"mode": "mps", "reason": "for the inference team"},
+                request_only=True,
+            )
+        ],
+        responses=CardSerializer,
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
+        serializer = CardModeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        modes.set_card_mode(uuid, data["mode"], request.user.get_username(), data["reason"])
         detail = selectors.card_detail(uuid)
         assert detail is not None  # the service raised NotFound otherwise
         return Response(CardSerializer(detail.card).data)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django import forms
 
+from controlplane.ledger.models import Card
+from controlplane.ledger.services.modes import MAX_REASON
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 from controlplane.ledger.validation import NAMESPACE_HELP, is_namespace
 
@@ -45,6 +47,13 @@ class CordonForm(forms.Form):
 
     action = forms.ChoiceField(choices=[("cordon", "cordon"), ("uncordon", "uncordon")])
     reason = forms.CharField(max_length=500, required=False)
+
+
+class CardModeForm(forms.Form):
+    """A card's new mode, with an optional reason for the audit log."""
+
+    mode = forms.ChoiceField(choices=Card.Mode.choices)
+    reason = forms.CharField(max_length=MAX_REASON, required=False)
 
 
 ROLE_CHOICES = [(r, r) for r in ("viewer", "operator", "admin", "node")]

@@ -118,6 +118,9 @@ def _cards_and_slices() -> list[Family]:
     cordoned = card_family("cordoned", "1 when an operator cordoned the card.")
     present = card_family("present", "1 when the card is in its node's latest report.")
     held = ledger_usage.card_usage()
+    # Every mode and drain state, zeros included, so a series does not vanish when its last card
+    # changes mode.
+    by_mode = {(mode, draining): 0 for mode in Card.Mode.values for draining in ("false", "true")}
     where: dict[int, tuple[str, str]] = {}
     for row in rawsql.rows_of(
         Card.objects.order_by().values_list(
@@ -132,6 +135,8 @@ def _cards_and_slices() -> list[Family]:
             "healthy",
             "cordoned",
             "present",
+            "mode",
+            "pending_mode",
         )
     ):
         card_id, uuid, index, model, node = row[:5]
@@ -147,6 +152,16 @@ def _cards_and_slices() -> list[Family]:
         healthy.add(labels, int(row[8]))
         cordoned.add(labels, int(row[9]))
         present.add(labels, int(row[10]))
+        by_mode[(row[11], "true" if row[12] else "false")] += 1
+
+    modes = Family(
+        "tessera_cards_by_mode",
+        "Cards in each mode (docs/card-modes.md); draining: a mode change waits for the card's "
+        "slices to end, and it takes no new ones.",
+        ("mode", "draining"),
+    )
+    for (mode, draining), count in sorted(by_mode.items()):
+        modes.add((mode, draining), count)
 
     slice_memory = Family(
         "tessera_slice_memory_limit_mib",
@@ -185,6 +200,7 @@ def _cards_and_slices() -> list[Family]:
         healthy,
         cordoned,
         present,
+        modes,
         slice_memory,
         slice_compute,
     ]

@@ -31,11 +31,15 @@ from controlplane.ledger.models import (
     SchedulingDecision,
     Slice,
 )
+from controlplane.ledger.services.mode_rules import describe
 from controlplane.scheduling import CardClaim, QuotaUsage
 
 PAGE_SIZE = 50
 CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
-CARD_HISTORY_ACTIONS = (*CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon")
+CARD_HISTORY_ACTIONS = (
+    *CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon", "card-mode", "card-mode-requested",
+    "card-mode-cancelled",
+)  # fmt: skip
 ACTIVE_PHASES = tuple(str(p) for p in PodBinding.ACTIVE_PHASES)
 
 
@@ -284,6 +288,25 @@ class SliceView:
     cores: int
     memory_share: float  # percent of the card's memory
     cores_share: float  # percent of the card's compute
+    mig_profile: str = ""  # on a MIG card: the GPU instance's profile and placement
+    mig_start: int | None = None
+    mig_size: int | None = None
+
+
+def mig_memory_slices(model: str) -> int:
+    """How many memory slices a MIG card of `model` has, for drawing its layout: the A30 has 4,
+    NVIDIA's other MIG GPUs 8 (a placement past that widens the bar)."""
+    return 4 if "A30" in model.upper() else 8
+
+
+@dataclass(frozen=True, slots=True)
+class MigCell:
+    """A run of a MIG card's memory slices: one GPU instance, or free (`instance` None)."""
+
+    start: int
+    size: int
+    width: float  # percent of the card
+    instance: SliceView | None = None
 
 
 @dataclass(slots=True)
@@ -302,8 +325,49 @@ class CardView:
     cordoned: bool
     present: bool
     node_name: str
+    mode: str = Card.Mode.SHARED
+    pending_mode: str = ""
+    mig_capable: bool = False
+    mig_enabled: bool = False
     usage: CardClaim = ledger_usage.EMPTY_CARD
     slices: list[SliceView] = field(default_factory=list)
+
+    @property
+    def draining(self) -> bool:
+        """A mode change waits for the card's slices to end; it takes nothing new meanwhile."""
+        return bool(self.pending_mode)
+
+    @property
+    def mode_status(self) -> str:
+        """The mode in words: "MIG", or "draining: becomes MIG when its 2 slices end"."""
+        return describe(self.mode, self.pending_mode, len(self.slices))
+
+    @property
+    def mig_instances(self) -> list[SliceView]:
+        """The card's GPU instances in the ledger (its active MIG slices), by placement."""
+        placed = [s for s in self.slices if s.mig_profile]
+        return sorted(placed, key=lambda s: (s.mig_start or 0, s.pod))
+
+    @property
+    def mig_layout(self) -> list[MigCell]:
+        """The card's memory slices left to right: each instance at its placement, free runs
+        between them; widths in percent of the card."""
+        instances = self.mig_instances
+        total = max(
+            mig_memory_slices(self.model),
+            max(((s.mig_start or 0) + (s.mig_size or 0) for s in instances), default=0),
+        )
+        cells: list[MigCell] = []
+        at = 0
+        for s in instances:
+            start, size = s.mig_start or 0, s.mig_size or 0
+            if start > at:
+                cells.append(MigCell(at, start - at, _percent(start - at, total)))
+            cells.append(MigCell(start, size, _percent(size, total), s))
+            at = max(at, start + size)
+        if at < total:
+            cells.append(MigCell(at, total - at, _percent(total - at, total)))
+        return cells
 
     @property
     def memory_free_mib(self) -> int:
@@ -367,6 +431,10 @@ CARD_FIELDS = (
     "cordoned",
     "present",
     "node__name",
+    "mode",
+    "pending_mode",
+    "mig_capable",
+    "mig_enabled",
 )
 SLICE_VIEW_FIELDS = (
     *ledger_usage.SLICE_ROW,
@@ -375,6 +443,9 @@ SLICE_VIEW_FIELDS = (
     "binding__pod_uid",
     "binding__phase",
     "container_name",
+    "mig_profile",
+    "mig_start",
+    "mig_size",
 )
 
 
@@ -394,7 +465,8 @@ def card_views(
     for card_id, claim in ledger_usage.claims_of(r[:width] for r in rows).items():
         if card_id in by_id:
             by_id[card_id].usage = claim
-    for _, card_id, _, init, memory, cores, _, namespace, pod, uid, phase, container in rows:
+    for row in rows:
+        _, card_id, _, init, memory, cores, _, namespace, pod, uid, phase, container = row[:12]
         card = by_id.get(card_id)
         if card is None:
             continue
@@ -410,6 +482,7 @@ def card_views(
                 cores,
                 _percent(memory, card.memory_mib),
                 _percent(cores, card.compute_units),
+                *row[12:],
             )
         )
     for card in cards:

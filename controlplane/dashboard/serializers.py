@@ -11,6 +11,9 @@ from rest_framework import serializers
 
 from controlplane.api.fields import StrictCharField, StrictIntegerField, StrictSerializer
 from controlplane.api.names import NamespaceField
+from controlplane.ledger.models import Card
+from controlplane.ledger.services.mode_rules import MODES
+from controlplane.ledger.services.modes import MAX_REASON
 from controlplane.ledger.services.quotas import MAX_QUOTA, QuotaLimitsInput
 
 LIMIT_FIELDS = ("gpumem_mib", "gpucores", "gpus")
@@ -69,6 +72,38 @@ class CordonSerializer(StrictSerializer):
     )
 
 
+class CardModeSerializer(StrictSerializer):
+    """POST body of a card's mode change (docs/card-modes.md)."""
+
+    mode = serializers.ChoiceField(
+        choices=Card.Mode.choices,
+        error_messages={
+            "invalid_choice": f"{{input!r}} is not a card mode; give one of {', '.join(MODES)}."
+        },
+        help_text="The mode the card should run in. The card's current mode cancels a pending "
+        "change.",
+    )
+    reason = StrictCharField(
+        max_length=MAX_REASON,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="For the audit log.",
+    )
+
+
+class MigInstanceSerializer(serializers.Serializer):
+    """A GPU instance on a MIG card: its profile, its placement and the pod that holds it."""
+
+    profile = serializers.CharField(source="mig_profile")
+    start = serializers.IntegerField(source="mig_start", help_text="First memory slice.")
+    size = serializers.IntegerField(source="mig_size", help_text="Memory slices it spans.")
+    namespace = serializers.CharField()
+    pod = serializers.CharField()
+    pod_uid = serializers.CharField()
+    container = serializers.CharField()
+
+
 class SliceOnCardSerializer(serializers.Serializer):
     namespace = serializers.CharField()
     pod = serializers.CharField()
@@ -96,6 +131,20 @@ class CardSerializer(serializers.Serializer):
     compute_allocated = serializers.IntegerField(source="usage.cores")
     slots_allocated = serializers.IntegerField(source="usage.slots")
     exclusive = serializers.BooleanField(source="usage.exclusive")
+    mode = serializers.ChoiceField(choices=Card.Mode.choices)
+    pending_mode = serializers.CharField(
+        help_text="The mode (one of `mode`'s) a requested change applies when the card's slices "
+        "end; blank: none.",
+    )
+    draining = serializers.BooleanField(
+        help_text="A mode change waits for the card's slices to end: it takes no new slices."
+    )
+    mode_status = serializers.CharField(
+        help_text='The mode in words, e.g. "draining: becomes MIG when its 2 slices end".'
+    )
+    mig_capable = serializers.BooleanField(help_text="The node plugin reports MIG support.")
+    mig_enabled = serializers.BooleanField(help_text="MIG is on in the GPU now.")
+    mig_instances = MigInstanceSerializer(many=True, help_text="Its active MIG slices.")
 
 
 class CardDetailSerializer(CardSerializer):

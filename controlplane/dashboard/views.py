@@ -1,7 +1,7 @@
 """Dashboard pages: thin views over the selectors (reads) and the services (writes).
 
-Every page needs a signed-in identity with the viewer role; cordons and quota edits need the
-operator role. Pages that change over time answer `?fragment=1` with only their live part,
+Every page needs a signed-in identity with the viewer role; cordons, card modes and quota edits
+need the operator role. Pages that change over time answer `?fragment=1` with only their live part,
 which htmx polls every few seconds (see templates/dashboard/*).
 """
 
@@ -17,14 +17,16 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.access.roles import Role, has_role
+from controlplane.dashboard import grid as card_grid
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
-from controlplane.dashboard.forms import CordonForm, GrantRoleForm, QuotaForm
+from controlplane.dashboard.forms import CardModeForm, CordonForm, GrantRoleForm, QuotaForm
 from controlplane.dashboard.looks import namespace_looks
+from controlplane.ledger import fit_hints
 from controlplane.ledger.errors import ServiceError
-from controlplane.ledger.models import PodBinding
-from controlplane.ledger.services import cordons
+from controlplane.ledger.models import Card, PodBinding
+from controlplane.ledger.services import cordons, mode_rules, modes
 from controlplane.ledger.services import quotas as quota_services
 from controlplane.ledger.validation import whole_number
 
@@ -87,6 +89,34 @@ def nodes(request: HttpRequest) -> HttpResponse:
 
 
 @role_required(Role.VIEWER)
+def grid(request: HttpRequest) -> HttpResponse:
+    """`/grid/`: every card on one screen, coloured by allocation; filters are GET parameters,
+    so the page reads (and filters) without JavaScript."""
+    get = request.GET
+
+    def choice(key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = get.get(key, default)
+        return value if value in allowed else default
+
+    filters = card_grid.GridFilters(
+        model=get.get("model", "").strip()[:128],
+        namespace=get.get("namespace", "").strip()[:63],
+        state=choice("state", card_grid.STATES, ""),
+        colour=choice("colour", card_grid.COLOURS, "memory"),
+        sort=choice("sort", card_grid.SORTS, "node"),
+    )
+    data, cells = card_grid.build(filters)
+    context = {
+        "grid": data,
+        "filters": filters,
+        "cells": cells,
+        "states": card_grid.STATES,
+        "ns_looks": namespace_looks(data.namespaces),
+    }
+    return render(request, "dashboard/grid.html", context)
+
+
+@role_required(Role.VIEWER)
 def node(request: HttpRequest, name: str) -> HttpResponse:
     """`/nodes/<name>/`: one node and its cards."""
     view = selectors.node_detail(name)
@@ -134,8 +164,35 @@ def card(request: HttpRequest, uuid: str) -> HttpResponse:
         raise Http404(f"no card {uuid}")
     looks = namespace_looks(s.namespace for s in detail.card.slices)
     context = {"detail": detail, "card": detail.card, "ns_looks": looks, "poll": POLL_SECONDS}
+    context["mode_choices"] = Card.Mode.choices
     template = "dashboard/_card_live.html" if _fragment(request) else "dashboard/card.html"
     return render(request, template, context)
+
+
+@require_POST
+@role_required(Role.VIEWER)
+def card_mode(request: HttpRequest, uuid: str) -> HttpResponse:
+    """POST `/cards/<uuid>/mode/` (operator): set the card's mode (docs/card-modes.md)."""
+    if not has_role(request.user, Role.OPERATOR):
+        return forbidden(request, Role.OPERATOR)
+    back = reverse("dashboard:card", args=[uuid])
+    form = CardModeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Choose a mode: {', '.join(mode_rules.MODES)}.")
+        return _back(request, back)
+    mode = form.cleaned_data["mode"]
+    try:
+        card = modes.set_card_mode(
+            uuid, mode, request.user.get_username(), form.cleaned_data["reason"]
+        )
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        if card.pending_mode:
+            messages.success(request, f"Draining: the card becomes {mode} when its slices end.")
+        else:
+            messages.success(request, f"The card is in {card.mode} mode.")
+    return _back(request, back)
 
 
 @require_POST
@@ -186,7 +243,10 @@ def pod(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """`/pods/<namespace>/<name>/`: allocation per container, decision log, why pending."""
     detail = selectors.pod_detail(namespace, name)
     status = 404 if detail.binding is None and detail.decision is None else 200
-    return render(request, "dashboard/pod.html", {"pod": detail}, status=status)
+    fit = None
+    if detail.status is not None:
+        fit = fit_hints.hints_for(namespace, detail.status.outcome, detail.status.decision)
+    return render(request, "dashboard/pod.html", {"pod": detail, "fit": fit}, status=status)
 
 
 @require_http_methods(["GET", "POST"])

@@ -20,7 +20,7 @@ from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictSerializer
 from controlplane.api.names import CardUUIDField, check_path
 from controlplane.api.schema import EXAMPLE, conflict
-from controlplane.ledger import selectors, why
+from controlplane.ledger import fit_hints, selectors, why
 from controlplane.ledger.services import bindings
 
 
@@ -48,6 +48,12 @@ class WhySerializer(serializers.Serializer):
     reason_counts = serializers.DictField(child=serializers.IntegerField())
     node_reasons = serializers.DictField(child=serializers.CharField())
     binding = WhyBindingSerializer(allow_null=True)
+    fit = serializers.DictField(
+        allow_null=True,
+        help_text="For a pod waiting for room: the largest free room and where, the oldest "
+        "bindings on the best card to wait for, and the namespace quota "
+        "(controlplane/ledger/fit_hints.py); null otherwise.",
+    )
 
 
 class WhyView(APIView):
@@ -66,6 +72,7 @@ class WhyView(APIView):
                 "scheduled by tessera-scheduler (check spec.schedulerName)."
             )
         decision, binding = status.decision, status.binding
+        fit = fit_hints.hints_for(namespace, status.outcome, decision)
         return Response(
             {
                 "namespace": status.namespace,
@@ -81,6 +88,7 @@ class WhyView(APIView):
                 "binding": None
                 if binding is None
                 else {"phase": binding.phase, "node": binding.node, "pod_uid": binding.pod_uid},
+                "fit": None if fit is None else fit.as_dict(),
             }
         )
 

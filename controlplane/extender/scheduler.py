@@ -17,12 +17,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from controlplane.extender import summary as filter_summary
 from controlplane.extender.decisions import record as record_decision
 from controlplane.extender.decisions import record_bind as record_bind_outcome
 from controlplane.extender.decisions import record_bound
+from controlplane.extender.preemptor import preemptor
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
 from controlplane.kube import adapter, events
@@ -148,6 +150,12 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
 
     snapshot = snapshot_cache.get()
     names = args.node_names
+    if settings.TESSERA.get("PREEMPTION", True):
+        held = preemptor.held_node(request.uid)
+        if held is not None and held in snapshot.by_name:
+            # Room held for this pod by its preemption is free for it alone.
+            own = selectors.cluster_snapshot([held], for_pod=request.uid).by_name.get(held)
+            snapshot = snapshot.replacing({held: own})
     limits = snapshot_cache.quota_limits(request.namespace)
     if limits is not None:
         refusal = check_quota(
@@ -193,6 +201,8 @@ def run_filter(args: ExtenderArgs) -> FilterAnswer:
         largest_free_mib=largest_free,
     )
     reasons = {**answer.failed, **answer.unresolvable}
+    if not feasible:
+        preemptor.consider(request, names)
     record_decision(
         DecisionRecord(
             uid,
@@ -315,6 +325,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         raise BindFailed(message, "apiserver_error")
 
     confirm_later(args.pod_uid, timezone.now())
+    preemptor.forget(args.pod_uid)
     # "why" reads the binding itself, so the filter's held decision is dropped unwritten.
     record_bound(args.pod_uid)
     events.record(

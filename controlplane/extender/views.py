@@ -23,7 +23,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.extender import scheduler, wire
+from controlplane.extender import preemption, scheduler, wire
 from controlplane.extender.webhook import review_pod
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
@@ -136,6 +136,19 @@ def prioritize_view(request: HttpRequest) -> HttpResponse:
         return HttpResponse(body, content_type="application/json")
     except (wire.WireError, RequestError) as exc:
         # A HostPriorityList has no Error field; the scheduler ignores prioritize errors.
+        return _json({"Error": str(exc)}, 400)
+
+
+@extender_view("preempt")
+def preempt_view(request: HttpRequest) -> HttpResponse:
+    raw, bad = _args(request)
+    if bad is not None:
+        return bad
+    try:
+        args = wire.parse_preemption_args(raw)
+        return _json(wire.preemption_result(preemption.run_preempt(args)))
+    except (wire.WireError, RequestError) as exc:
+        # ExtenderPreemptionResult has no Error field: a non-200 answer is the error.
         return _json({"Error": str(exc)}, 400)
 
 

@@ -158,6 +158,86 @@ def parse_binding_args(raw: Any) -> BindingArgs:
     return BindingArgs(name, namespace, uid, node)
 
 
+MAX_VICTIM_NODES = 5000  # Kubernetes' largest cluster
+MAX_VICTIMS = 1000  # per node: more pods than any node runs
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVictims:
+    """One candidate node of kube-scheduler's preemption: the pods it would evict there."""
+
+    uids: tuple[str, ...]
+    pdb_violations: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """ExtenderPreemptionArgs: the preemptor and, per candidate node, kube-scheduler's victims
+    (`NodeNameToMetaVictims` from a node-cache-capable scheduler, else `NodeNameToVictims` with
+    whole pods; only their UIDs matter here)."""
+
+    pod: dict[str, Any]
+    victims: dict[str, NodeVictims]
+
+
+def _victim_uid(pod: Any, where: str) -> str:
+    if not isinstance(pod, Mapping):
+        raise WireError(where, "must be an object")
+    folded = {str(k).lower(): v for k, v in pod.items()}
+    uid = folded.get("uid")
+    if uid is None and isinstance(folded.get("metadata"), Mapping):
+        uid = folded["metadata"].get("uid")
+        where = f"{where}.metadata"
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID:
+        raise WireError(
+            f"{where}.UID", f"must be a pod UID (a string of 1 to {MAX_UID} characters)"
+        )
+    return uid
+
+
+def parse_preemption_args(raw: Any) -> PreemptionArgs:
+    args = _fold(raw, "ExtenderPreemptionArgs")
+    pod = args.get("pod")
+    if not isinstance(pod, Mapping):
+        raise WireError("Pod", "must be the preemptor, a v1.Pod object")
+    label = "NodeNameToMetaVictims"
+    table = args.get("nodenametometavictims")
+    if table is None:
+        label, table = "NodeNameToVictims", args.get("nodenametovictims")
+    if table is None:
+        table = {}
+    if not isinstance(table, Mapping):
+        raise WireError(label, "must be an object: node name -> victims")
+    if len(table) > MAX_VICTIM_NODES:
+        raise WireError(label, f"names {len(table)} nodes; at most {MAX_VICTIM_NODES}")
+    victims: dict[str, NodeVictims] = {}
+    for node, entry in table.items():
+        where = f"{label}[{node!r}]"
+        _node_name(node, where)
+        if not isinstance(entry, Mapping):
+            raise WireError(where, "must be an object with Pods and NumPDBViolations")
+        folded = {str(k).lower(): v for k, v in entry.items()}
+        pods = folded.get("pods") or []
+        if not isinstance(pods, list) or len(pods) > MAX_VICTIMS:
+            raise WireError(f"{where}.Pods", f"must be a list of at most {MAX_VICTIMS} pods")
+        violations = folded.get("numpdbviolations", 0) or 0
+        if isinstance(violations, bool) or not isinstance(violations, int) or violations < 0:
+            raise WireError(f"{where}.NumPDBViolations", "must be a non-negative integer")
+        uids = tuple(_victim_uid(p, f"{where}.Pods[{i}]") for i, p in enumerate(pods))
+        victims[node] = NodeVictims(uids, violations)
+    return PreemptionArgs(dict(pod), victims)
+
+
+def preemption_result(victims: Mapping[str, NodeVictims]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: the nodes kept, each with its (possibly larger) victim set."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in v.uids], "NumPDBViolations": v.pdb_violations}
+            for node, v in victims.items()
+        }
+    }
+
+
 def filter_result(
     args: ExtenderArgs | None,
     feasible: list[str] | None,

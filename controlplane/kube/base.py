@@ -85,6 +85,20 @@ class Kube(Protocol):
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         """Create a core/v1 Event (`controlplane.kube.events`). Raises KubeError."""
 
+    def evict_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Evict through the Eviction API (PodDisruptionBudgets and the grace period honoured),
+        `uid` as precondition; False when the pod was already gone. Raises KubeError (status 429
+        when a budget forbids it now)."""
+
+    def nominate_pod(
+        self, namespace: str, name: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        """Set `status.nominatedNodeName` (empty: clear it) and merge `annotations` into the
+        pod's (a change to the pod also makes kube-scheduler try it again). Raises KubeError."""
+
+    def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's policy/v1 PodDisruptionBudgets. Raises KubeError."""
+
 
 # --- API time accounting -------------------------------------------------------------------------
 

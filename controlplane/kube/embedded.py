@@ -211,6 +211,33 @@ class EmbeddedKube:
             row.node_name = node
             row.store()
 
+    def evict_pod(self, namespace: str, name: str, uid: str) -> bool:
+        # The stand-in has no PodDisruptionBudgets and no kubelet to wait for: an eviction is
+        # a delete.
+        pod = self.get_pod(namespace, name)
+        if pod is None or (uid and pod.get("metadata", {}).get("uid") != uid):
+            return False
+        return self.delete_pod(namespace, name)
+
+    def nominate_pod(
+        self, namespace: str, name: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        with timed(), transaction.atomic():
+            row = _StandInRow.locked(namespace, name)
+            if row is None:
+                raise KubeError(f'pods "{name}" not found', 404, False)
+            meta = row.obj.setdefault("metadata", {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+            status = row.obj.setdefault("status", {})
+            if node:
+                status["nominatedNodeName"] = node
+            else:
+                status.pop("nominatedNodeName", None)
+            row.store()
+
+    def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        return []
+
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         # No kubectl reads the stand-in's events: the log is where the demo tells them.
         log.info(

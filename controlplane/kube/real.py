@@ -112,7 +112,9 @@ class _LeanClient:
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         return conn
 
-    def request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
         """The answer's JSON object; ApiException for a non-2xx answer, _Unreachable when the
         connection did not open, OSError or HTTPException when it broke (outcome unknown)."""
         headers = {**self._client.default_headers, "Accept": "application/json"}
@@ -121,7 +123,7 @@ class _LeanClient:
                 headers[auth["key"]] = auth["value"]
         data = None
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
             data = json.dumps(body, separators=(",", ":")).encode()
         conn = self._connection()
         try:
@@ -202,7 +204,12 @@ class RealKube:
         return decoded if isinstance(decoded, dict) else {}
 
     def _request(
-        self, method: str, path: str, params: dict[str, str], body: Any = None
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str],
+        body: Any = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One call with the client's configuration and credentials, without the generated
         per-endpoint layer (argument validation and model objects: most of the client's CPU on
@@ -211,12 +218,12 @@ class RealKube:
         non-2xx answer."""
         if self._lean is not None:
             quoted = {k: urllib.parse.quote(v, safe="") for k, v in params.items()}
-            return self._lean.request(method, path.format(**quoted), body)
+            return self._lean.request(method, path.format(**quoted), body, content_type)
 
         api_client = self._api.api_client
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         request = api_client.param_serialize(
             method=method,
             resource_path=path,
@@ -325,6 +332,65 @@ class RealKube:
                 )
             except Exception as exc:  # translated
                 raise self._error(exc, f"create event in {namespace}") from exc
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> bool:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        with timed():
+            try:
+                self._request(
+                    "POST",
+                    "/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                    {"namespace": namespace, "name": name},
+                    body,
+                )
+            except Exception as exc:  # translated
+                error = self._error(exc, f"evict pod {namespace}/{name}")
+                if error.not_found:
+                    return False
+                raise error from exc
+            return True
+
+    def nominate_pod(
+        self, namespace: str, name: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        params = {"namespace": namespace, "name": name}
+        merge = "application/merge-patch+json"
+        with timed():
+            try:
+                self._request(
+                    "PATCH",
+                    "/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    params,
+                    {"status": {"nominatedNodeName": node or None}},
+                    merge,
+                )
+                if annotations:
+                    self._request(
+                        "PATCH",
+                        "/api/v1/namespaces/{namespace}/pods/{name}",
+                        params,
+                        {"metadata": {"annotations": annotations}},
+                        merge,
+                    )
+            except Exception as exc:  # translated
+                raise self._error(exc, f"nominate pod {namespace}/{name} for {node}") from exc
+
+    def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        with timed():
+            try:
+                answer = self._request(
+                    "GET",
+                    "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+                    {"namespace": namespace},
+                )
+            except Exception as exc:  # translated
+                raise self._error(exc, f"list PodDisruptionBudgets of {namespace}") from exc
+            return list(answer.get("items") or [])
 
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""

@@ -257,6 +257,8 @@ class SchedulingDecision(models.Model):
     reason_counts = models.JSONField(default=dict, help_text="Reason code -> number of nodes.")
     nodes_considered = models.PositiveIntegerField(default=0)
     decided_at = models.DateTimeField()
+    # What Tessera's preemption last did for the pod (kept when the filter rewrites the row).
+    preemption = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-decided_at"]
@@ -282,3 +284,29 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+class Nomination(models.Model):
+    """Room held on a node for a pod whose preemption is under way (docs/preemption.md).
+
+    Written with the victims' evictions; counted as taken for every other pod by filter and
+    bind until the nominated pod binds, or the deadline passes.
+    """
+
+    pod_uid = models.CharField(max_length=64, unique=True)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nominations")
+    priority = models.IntegerField(help_text="The nominated pod's spec.priority.")
+    claims = models.JSONField(
+        help_text="Card UUID -> [memory MiB, compute, slots, exclusive]: the room it holds."
+    )
+    victims = models.JSONField(default=list, help_text="The pods evicted for it: namespace/name.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    deadline = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["deadline"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} on {self.node_id} until {self.deadline:%H:%M:%S}"

@@ -8,6 +8,7 @@ pending?" answer `controlplane.ledger.why`, the allocation record `controlplane.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -84,13 +85,48 @@ def _card_state(card: sql.CardRow, claim: CardClaim | None, mig_used: int) -> Ca
     )
 
 
-def cluster_snapshot(node_names: Iterable[str] | None = None) -> Snapshot:
-    """The committed ledger as a core Snapshot, in three queries (hand-written: ledger/sql.py).
+def cluster_snapshot(node_names: Iterable[str] | None = None, *, for_pod: str = "") -> Snapshot:
+    """The committed ledger as a core Snapshot, in four queries (hand-written: ledger/sql.py).
 
     `node_names` limits it to those nodes (unknown names are simply absent); None = all nodes.
+    Room held by nominations counts as taken, except the one of pod UID `for_pod`.
     """
     names = None if node_names is None else list(node_names)
-    return _build_snapshot(sql.nodes(names), sql.cards(names), sql.active_slices(names))
+    snapshot = _build_snapshot(sql.nodes(names), sql.cards(names), sql.active_slices(names))
+    return with_holds(snapshot, sql.held(names), for_pod)
+
+
+def held_claims(value: Any) -> dict[str, CardClaim]:
+    """A nomination's claims JSON (card UUID -> [memory, compute, slots, exclusive])."""
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    return {
+        str(uuid): CardClaim(int(c[0]), int(c[1]), int(c[2]), bool(c[3]))
+        for uuid, c in value.items()
+    }
+
+
+def holding(state: NodeState, held: Iterable[tuple[str, Any]], for_pod: str = "") -> NodeState:
+    """The node with the room nominations hold on it taken, except `for_pod`'s own."""
+    for uid, claims in held:
+        if uid != for_pod:
+            state = state.with_claims(held_claims(claims))
+    return state
+
+
+def with_holds(
+    snapshot: Snapshot, held: Iterable[tuple[str, str, Any]], for_pod: str = ""
+) -> Snapshot:
+    """The snapshot with the nominations' room taken (`holding`) on their nodes."""
+    per_node: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    for node, uid, claims in held:
+        if uid != for_pod and node in snapshot.by_name:
+            per_node[node].append((uid, claims))
+    if not per_node:
+        return snapshot
+    return snapshot.replacing(
+        {name: holding(snapshot.by_name[name], rows) for name, rows in per_node.items()}
+    )
 
 
 def node_cards(node_names: Iterable[str]) -> list[CardState]:
@@ -272,3 +308,11 @@ def inventory_limits() -> InventoryLimits:
         .get("most")
     )
     return InventoryLimits(int(largest["mem"] or 0), int(per_node or 0), int(largest["n"] or 0))
+
+
+def snapshot_of(
+    nodes: Sequence[sql.NodeRow], cards: Sequence[sql.CardRow], rows: Iterable[sql.SliceRow]
+) -> Snapshot:
+    """The snapshot of rows a caller read itself (preemption reads the slices for its own use
+    too, so that the node and the pods on it come from one read)."""
+    return _build_snapshot(nodes, cards, rows)

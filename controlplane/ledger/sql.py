@@ -22,6 +22,7 @@ from controlplane.ledger.models import (
     Card,
     NamespaceQuota,
     Node,
+    Nomination,
     PodBinding,
     SchedulingDecision,
     Slice,
@@ -131,6 +132,28 @@ def _statements() -> dict[str, str]:
             f"WHERE {column(Node, 'name', 'n')} = %s{lock}"
         ),
         "binding_id": f"SELECT {column(PodBinding, 'id', 'b')} FROM {binding} b WHERE {by_uid}",
+        # Room held for pods whose preemption is under way: on one node (bind, which also
+        # wants the binding pod's own nomination wherever it is), or on named nodes.
+        "held_for_bind": (
+            f"SELECT {column(Nomination, 'pod_uid', 'h')}, {column(Nomination, 'claims', 'h')} "
+            f"FROM {table(Nomination)} h JOIN {node} n "
+            f"ON {column(Nomination, 'node', 'h')} = {column(Node, 'id', 'n')} "
+            f"WHERE ({column(Node, 'name', 'n')} = %s "
+            f"OR {column(Nomination, 'pod_uid', 'h')} = %s) "
+            f"AND {column(Nomination, 'deadline', 'h')} > %s"
+        ),
+        "held": (
+            f"SELECT {column(Node, 'name', 'n')}, {column(Nomination, 'pod_uid', 'h')}, "
+            f"{column(Nomination, 'claims', 'h')} FROM {table(Nomination)} h JOIN {node} n "
+            f"ON {column(Nomination, 'node', 'h')} = {column(Node, 'id', 'n')} "
+            f"WHERE {column(Nomination, 'deadline', 'h')} > %s"
+        ),
+        "held_of": (
+            f"SELECT {column(Node, 'name', 'n')}, {column(Nomination, 'pod_uid', 'h')}, "
+            f"{column(Nomination, 'claims', 'h')} FROM {table(Nomination)} h JOIN {node} n "
+            f"ON {column(Nomination, 'node', 'h')} = {column(Node, 'id', 'n')} "
+            f"WHERE {column(Nomination, 'deadline', 'h')} > %s AND {named}"
+        ),
         "insert_binding": (
             f"INSERT INTO {binding} ({columns(PodBinding, BINDING_INSERT)}) "
             f"VALUES {rawsql.placeholders(len(BINDING_INSERT))}"
@@ -239,6 +262,13 @@ def active_slices(names: Sequence[str] | None = None) -> list[SliceRow]:
     return _read("slices", names, _slice, (True,))
 
 
+def held(names: Sequence[str] | None = None) -> list[tuple[str, str, Any]]:
+    """(node name, pod UID, claims JSON) of the unexpired nominations on the named nodes (all
+    when `names` is None), one query."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    return _read("held", names, lambda r: (str(r[0]), str(r[1]), r[2]), (now,))
+
+
 def changes_since(since: datetime) -> list[tuple[str, str | None, str | None]]:
     """(node name, pod UID, phase) for every binding row changed at or after `since`, and
     (node name, None, None) for every node or card row (one query: the snapshot cache's
@@ -269,6 +299,8 @@ class Locked(NamedTuple):
     cards: list[CardRow]
     slices: list[SliceRow]  # the active slices on those cards
     binding_id: int | None  # the pod's binding row, active or not, if it has one
+    # Unexpired nominations (pod UID, claims JSON) on the node, and the pod's own anywhere.
+    held: list[tuple[str, Any]] = []
 
 
 def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
@@ -276,11 +308,13 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
     active slices and the pod's binding id: three statements in one round trip on PostgreSQL,
     run in that order (the lock order of the module docstring), the read after both locks are
     held (it must see a twin bind's reservation)."""
-    quota_rows, node_rows, card_rows = rawsql.fetch_in_order(
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    quota_rows, node_rows, card_rows, held_rows = rawsql.fetch_in_order(
         [
             (_sql("lock_quota"), (namespace,)),
             (_sql("lock_node"), (node_name,)),
             (_sql("node_cards_and_slices"), (pod_uid, True, node_name)),
+            (_sql("held_for_bind"), (node_name, pod_uid, now)),
         ]
     )
     found: dict[int, CardRow] = {}
@@ -302,6 +336,7 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
         list(found.values()),
         slices,
         binding_id,
+        [(str(uid), claims) for uid, claims in held_rows],
     )
 
 

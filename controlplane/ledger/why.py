@@ -132,6 +132,9 @@ def explain(
     elif decision is not None and decision.outcome in WAITING:
         outcome, summary = decision.outcome, decision.summary
         text = _waiting_text(decision)
+        if decision.preemption:
+            summary = f"{summary} Preemption: {decision.preemption}"
+            text = f"{text} Preemption: {decision.preemption}"
     elif binding is not None and binding.phase == Phase.FAILED:
         # A failed bind leaves the pod unbound: kube-scheduler puts it back in its queue and
         # tries again, and until its next filter this binding is the only answer there is.

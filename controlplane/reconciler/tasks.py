@@ -40,7 +40,7 @@ from controlplane.kube import adapter
 from controlplane.kube.sources import ClusterSource, TemporaryError, WatchExpired
 from controlplane.ledger.allocation import verify_allocation
 from controlplane.ledger.selectors import decided_pod_uids, expired_reservations
-from controlplane.ledger.services import decisions, nodes
+from controlplane.ledger.services import decisions, modes, nodes
 from controlplane.reconciler import services
 from controlplane.reconciler.models import ReconcileRun
 
@@ -268,6 +268,9 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         state.set(RESUME_KEY, resume_point(cluster, new_rv))
         state.set(LAST_FULL_KEY, str(time.time()))
     drift["nodes_stale"] += nodes.mark_stale_nodes(services.SYSTEM)
+    # A drained card whose pending mode change the release path missed (a worker died between
+    # the release's commit and the change) gets it here.
+    drift["card_modes_applied"] += len(modes.apply_pending_modes())
     run.drift = {k: v for k, v in drift.items() if v}
     run.finished_at = timezone.now()
     run.duration_ms = int((time.monotonic() - started) * 1000)

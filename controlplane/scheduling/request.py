@@ -356,6 +356,10 @@ class PodRequest:
     gpu_policy: str = SPREAD
     numa_bind: bool = False
     vgpu_modes: tuple[str, ...] = ()
+    # The pod's spec.priority (from its PriorityClass) and whether its preemptionPolicy is
+    # Never: what preemption weighs (docs/preemption.md).
+    pod_priority: int = 0
+    preempt_never: bool = False
     plan: Plan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -422,6 +426,8 @@ class PodRequest:
             "gpu_policy": self.gpu_policy,
             "numa_bind": self.numa_bind,
             "vgpu_modes": list(self.vgpu_modes),
+            "pod_priority": self.pod_priority,
+            "preempt_never": self.preempt_never,
         }
 
     @classmethod
@@ -429,7 +435,8 @@ class PodRequest:
         """Rebuild a request from :meth:`to_dict` output; RequestError names a bad key.
 
         Keys added after the first version (``sidecar``, ``priority``, ``numa_bind``,
-        ``vgpu_modes``) may be missing: requests stored before them still load.
+        ``vgpu_modes``, ``pod_priority``, ``preempt_never``) may be missing: requests stored
+        before them still load.
         """
         if not isinstance(d, Mapping):
             raise RequestError("", "a stored pod request must be a JSON object")
@@ -471,6 +478,8 @@ class PodRequest:
                 node_policy=_get_typed(d, "node_policy", str, ""),
                 gpu_policy=_get_typed(d, "gpu_policy", str, ""),
                 numa_bind=_get_typed(d, "numa_bind", bool, "", False),
+                pod_priority=_get_typed(d, "pod_priority", int, "", 0),
+                preempt_never=_get_typed(d, "preempt_never", bool, "", False),
                 **lists,
             )
         except RequestError:
@@ -603,6 +612,32 @@ def parse_pod(
         gpu_policy=_gpu_policy(annotations, config.default_gpu_policy),
         numa_bind=_numa_bind(annotations),
         vgpu_modes=asked or config.default_vgpu_modes,
+        pod_priority=_pod_priority(spec),
+        preempt_never=_preempt_never(spec),
+    )
+
+
+# A PriorityClass value is an int32; the API server fills spec.priority from it.
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _pod_priority(spec: Mapping[str, Any]) -> int:
+    value = spec.get("priority")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not _INT32[0] <= value <= _INT32[1]:
+        raise RequestError("spec.priority", f"must be a 32-bit integer, got {value!r}")
+    return value
+
+
+def _preempt_never(spec: Mapping[str, Any]) -> bool:
+    value = spec.get("preemptionPolicy")
+    if value is None or value == "PreemptLowerPriority":
+        return False
+    if value == "Never":
+        return True
+    raise RequestError(
+        "spec.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {value!r}"
     )
 
 

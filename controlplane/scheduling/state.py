@@ -355,6 +355,34 @@ class NodeState:
         )
         return NodeState(self.name, self.ready, self.cordoned, cards)
 
+    def without_claims(
+        self, claims: Iterable[Mapping[str, CardClaim]], exclusive_left: frozenset[str]
+    ) -> NodeState:
+        """This node with pods' claims (each card UUID -> claim) taken off its cards: what it
+        would offer once those pods are gone. ``exclusive_left`` names the cards on which a pod
+        that stays still holds a 100%-compute slice (a claim cannot say whether it was the only
+        one)."""
+        gone: dict[str, list[int]] = {}
+        for pod in claims:
+            for uuid, claim in pod.items():
+                total = gone.setdefault(uuid, [0, 0, 0])
+                total[0] += claim.memory_mib
+                total[1] += claim.cores
+                total[2] += claim.slots
+        cards = tuple(
+            card
+            if (t := gone.get(card.uuid)) is None
+            else replace(
+                card,
+                used_memory_mib=card.used_memory_mib - t[0],
+                used_compute=card.used_compute - t[1],
+                used_slots=card.used_slots - t[2],
+                exclusive=card.uuid in exclusive_left,
+            )
+            for card in self.cards
+        )
+        return NodeState(self.name, self.ready, self.cordoned, cards)
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

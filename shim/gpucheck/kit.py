@@ -190,6 +190,37 @@ def overhead_verdict(
     return all(s <= limit for s in slower.values()), slower
 
 
+def mps_client_env(slice_mib: int, threads_pct: int, pipe_dir: Path) -> dict[str, str]:
+    """What the node plugin gives a container's mps slice at ordinal 0 (docs/nodeplugin.md,
+    *MPS*): MPS's own limits, and no shim limits for the ordinal."""
+    return {
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={slice_mib}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(threads_pct),
+    }
+
+
+def mig_verdict(mode: tuple[int, int] | None, root: bool, minors: bool) -> tuple[str, str, str]:
+    """(status, measured, reason) of the MIG report.  It reports and never changes the card:
+    turning MIG on needs a GPU reset and takes the card from every other check (and from
+    whoever lent it), so what it says is whether the plugin could, not that it did."""
+    if mode is None:
+        return SKIP, "card without MIG", "nvmlDeviceGetMigMode: not supported"
+    current, pending = ("on" if m == 1 else "off" for m in mode)
+    state = f"MIG {current}" + (f", {pending} after a GPU reset" if pending != current else "")
+    can = []
+    if not root:
+        can.append("not root (nvmlDeviceSetMigMode needs root)")
+    if not minors:
+        can.append("no /proc/driver/nvidia-caps/mig-minors (nvidia-caps not loaded)")
+    reason = (
+        "the node plugin could turn MIG on here (a GPU reset follows)"
+        if not can
+        else "the node plugin could not turn MIG on here: " + "; ".join(can)
+    )
+    return PASS, state, reason
+
+
 def format_table(results: Sequence[Result]) -> str:
     cols = ("check", "status", "measured", "expected", "reason")
     rows = [(r.name, r.status, r.measured, r.expected, r.reason) for r in results]
@@ -273,6 +304,16 @@ class HostNvml:
         value = ctypes.c_int()
         fn = getattr(self.ml, call, None)
         return value.value if fn is not None and fn(*args, ctypes.byref(value)) == 0 else None
+
+    def mig_mode(self, index: int) -> tuple[int, int] | None:
+        """(current, pending) MIG mode; None where the card or the driver has no MIG."""
+        current, pending = ctypes.c_uint(), ctypes.c_uint()
+        fn = getattr(self.ml, "nvmlDeviceGetMigMode", None)
+        if fn is None:
+            return None
+        if fn(self.handle(index), ctypes.byref(current), ctypes.byref(pending)) != 0:
+            return None
+        return int(current.value), int(pending.value)
 
     def processes(self, index: int) -> dict[int, int]:
         """pid -> bytes NVML counts for it on the card (-1 where NVML does not know)."""
@@ -916,6 +957,89 @@ class Kit:
             {"step_s": step_s, "slower": slower},
         )
 
+    def check_mps(self) -> Result:
+        """Two clients of one MPS daemon, each pinned to the slice with
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the node plugin does for an mps slice: each is
+        refused at its slice while the other holds its own."""
+        self.needs_real("MPS")
+        self.needs_two_processes()
+        control = shutil.which("nvidia-cuda-mps-control")
+        if control is None:
+            raise Skip("nvidia-cuda-mps-control is not on PATH")
+        base = self.work / "mps"
+        pipe, logs = base / "pipe", base / "log"
+        pipe.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        daemon_env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": self.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        }
+        started = subprocess.run(  # noqa: S603 - NVIDIA's binary from PATH
+            [control, "-d"], env=daemon_env, capture_output=True, text=True, timeout=30, check=False
+        )
+        pid_file = pipe / "nvidia-cuda-mps-control.pid"
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if started.returncode != 0 or not pid_file.exists():
+            raise Skip(
+                f"the MPS control daemon does not start here (exit {started.returncode}: "
+                f"{(started.stderr or started.stdout).strip()[-200:]})"
+            )
+        try:
+            s = self.opts.slice_mib
+            cap = s + 2048
+            clients = []
+            for name in ("mps-a", "mps-b"):
+                env = self.container(name)  # no shim limits: MPS holds the slice
+                env.update(mps_client_env(s, 50, pipe))
+                clients.append(self.start(env, "fill", "driver", BLOCK_MIB, cap))
+            msgs = [self.until(w, "holding", DRIVER_TIMEOUT_S) for w in clients]
+            for w in clients:
+                w.release()
+                w.result(self.left(30))
+        finally:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(  # noqa: S603
+                    [control], input="quit\n", env=daemon_env, text=True, timeout=30, check=False
+                )
+            (self.logs / "mps-control.log").write_text(
+                "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*.log")))
+            )
+        # MPS counts a client's context against its pinned limit too, so only the upper bound
+        # (the slice and the tolerance) is the check's.
+        _, hi = fill_bounds(s, BLOCK_MIB, TOLERANCE_MIB)
+        ok = all(m["oom"] and m["allocated"] <= hi for m in msgs)
+        return Result(
+            "MPS pinned memory limit holds for two clients",
+            PASS if ok else FAIL,
+            "; ".join(
+                f"{'refused' if m['oom'] else 'NOT refused'} after {mib(m['allocated'])}"
+                for m in msgs
+            ),
+            f"each refused at about {s} MiB",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=" + f"{s}M, no shim limits",
+            {"clients": msgs, "most_bytes": hi},
+        )
+
+    def check_mig(self) -> Result:
+        """Whether the node plugin could turn MIG on for this card: reported, never done."""
+        self.needs_real("MIG")
+        assert self.nvml is not None
+        mode = self.nvml.mig_mode(self.gpu)
+        minors = Path("/proc/driver/nvidia-caps/mig-minors").exists()
+        status, measured, reason = mig_verdict(mode, os.geteuid() == 0, minors)
+        return Result(
+            "MIG can be turned on (report only)",
+            status,
+            measured,
+            "a report: the card's MIG mode is left as it is",
+            reason,
+            {"mig_mode": mode, "root": os.geteuid() == 0, "mig_minors": minors},
+        )
+
     # -- running --
 
     def checks(self) -> list[tuple[str, Callable[[], Result | list[Result]]]]:
@@ -932,6 +1056,8 @@ class Kit:
             ("fill (cupy)", lambda: self.check_fill("cupy")),
             (f"{COMPUTE_TARGET} % compute limit", self.check_compute),
             ("two containers share one card", self.check_share),
+            ("MPS pinned memory limit", self.check_mps),
+            ("MIG can be turned on", self.check_mig),
             ("overhead of a training loop", self.check_overhead),  # the longest: last
         ]
 

@@ -32,6 +32,13 @@
     if (button) editQuota(button);
   });
 
+  // A filter form marked data-autosubmit applies a choice as soon as it is made; without this
+  // script its submit button does the same.
+  document.addEventListener("change", function (event) {
+    const form = event.target.closest && event.target.closest("form[data-autosubmit]");
+    if (form && event.target.matches("select")) form.requestSubmit();
+  });
+
   if (window.htmx) {
     window.htmx.onLoad(sizeBars); // the whole page once htmx starts, then each swapped fragment
   } else {

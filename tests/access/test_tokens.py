@@ -87,3 +87,20 @@ def test_expired_token_is_refused() -> None:
         "/api/v1/nodes/gpu-node-1/inventory", {"plugin_version": "1", "cards": []}, format="json"
     )
     assert response.status_code == 401
+
+
+def test_a_token_in_x_tessera_token_works_where_authorization_is_absent() -> None:
+    # The API server's service proxy keeps `Authorization` for itself (kubectl tessera).
+    token = createtoken("alice", "--role", "viewer")
+    client = APIClient()
+    assert client.get("/api/v1/nodes/").status_code == 401
+    client.credentials(HTTP_X_TESSERA_TOKEN=token)
+    assert client.get("/api/v1/nodes/").status_code == 200
+    client.credentials(HTTP_X_TESSERA_TOKEN=token[:-2] + "xx")
+    assert client.get("/api/v1/nodes/").status_code == 401
+    # The viewer's token does not become an operator's through the other header.
+    client.credentials(HTTP_X_TESSERA_TOKEN=token)
+    assert client.put("/api/v1/quotas/team-a/", {"gpus": 1}, format="json").status_code == 403
+    # Where both are sent, `Authorization` decides: a bad one is not rescued by the other.
+    client.credentials(HTTP_AUTHORIZATION="Bearer tsr_wrong", HTTP_X_TESSERA_TOKEN=token)
+    assert client.get("/api/v1/nodes/").status_code == 401

@@ -213,3 +213,121 @@ def test_wrong_method_and_content_type() -> None:
     response = client.put(URL.format("gpu-1"), data="a=b", content_type="text/plain")
     assert response.status_code == 415
     assert not Node.objects.exists()
+
+
+# --- card modes: the MIG object, the modes answer, defaults for new cards -----------------------
+
+
+def mig(capable: bool = True, enabled: bool = True, *instances: dict[str, Any]) -> dict[str, Any]:
+    return {"capable": capable, "enabled": enabled, "instances": list(instances)}
+
+
+def instance(start: int = 0, size: int = 4, profile: str = "3g.40gb", **kw: Any) -> dict[str, Any]:
+    return {"profile": profile, "start": start, "size": size, "uuid": f"MIG-{start}", **kw}
+
+
+def test_a_report_with_mig_is_stored_and_one_without_keeps_what_is_known() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    body = report(card_json("GPU-a", 0, mig=mig(True, True, instance(4))), card_json("GPU-b", 1))
+    first = put(client, "gpu-1", body)
+    assert first.status_code == 201, first.json()
+    assert first.json()["modes"] == {"GPU-a": "shared", "GPU-b": "shared"}
+    a = Card.objects.get(uuid="GPU-a")
+    assert (a.mig_capable, a.mig_enabled) == (True, True)
+    assert a.mig_instances == [{"profile": "3g.40gb", "start": 4, "size": 4, "uuid": "MIG-4"}]
+    b = Card.objects.get(uuid="GPU-b")
+    assert (b.mig_capable, b.mig_enabled, b.mig_instances) == (False, False, [])
+    # An older plugin's report (no `mig`) says nothing about MIG: what is known stays.
+    assert put(client, "gpu-1", report(card_json("GPU-a", 0))).status_code == 200
+    a.refresh_from_db()
+    assert (a.mig_capable, a.mig_enabled, len(a.mig_instances)) == (True, True, 1)
+    # A plugin that reports MIG off now is believed.
+    off = report(card_json("GPU-a", 0, mig=mig(True, False)))
+    assert put(client, "gpu-1", off).status_code == 200
+    a.refresh_from_db()
+    assert (a.mig_capable, a.mig_enabled, a.mig_instances) == (True, False, [])
+
+
+def test_the_answer_carries_each_card_s_mode_for_the_plugin() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    put(client, "gpu-1", report(card_json("GPU-a", 0), card_json("GPU-b", 1)))
+    Card.objects.filter(uuid="GPU-b").update(mode="mps")
+    answer = put(client, "gpu-1", report(card_json("GPU-a", 0), card_json("GPU-b", 1))).json()
+    assert answer["modes"] == {"GPU-a": "shared", "GPU-b": "mps"}
+    # A card missing from this report is still the node's: its mode is in the answer too.
+    assert put(client, "gpu-1", report(card_json("GPU-a", 0))).json()["modes"] == answer["modes"]
+
+
+def test_defaults_give_a_new_card_its_mode_first_match_wins_and_audited(settings: Any) -> None:
+    settings.TESSERA = {
+        **settings.TESSERA,
+        "CARD_MODE_DEFAULTS": (
+            {"model": "a100", "mode": "mig"},
+            {"model": "A100", "mode": "exclusive"},
+            {"model": "L4", "mode": "mps"},
+        ),
+    }
+    client = token_client("gpu-1", Role.NODE)
+    body = report(
+        card_json("GPU-a", 0, mig=mig(True, False)),
+        card_json("GPU-b", 1),  # an A100 the plugin does not report MIG-capable
+        card_json("GPU-c", 2, model="NVIDIA L4"),
+        card_json("GPU-d", 3, model="Tesla T4"),
+    )
+    assert put(client, "gpu-1", body).json()["modes"] == {
+        "GPU-a": "mig", "GPU-b": "shared", "GPU-c": "mps", "GPU-d": "shared",
+    }  # fmt: skip
+    events = {
+        e.target: (e.actor, e.details["to"], e.details["reason"])
+        for e in AuditEvent.objects.filter(action="card-mode")
+    }
+    assert events == {
+        "GPU-a": ("system", "mig", "TESSERA_CARD_MODE_DEFAULTS[0] (model 'a100')"),
+        "GPU-b": ("system", "shared", "TESSERA_CARD_MODE_DEFAULTS[0] (model 'a100') asks mig, "
+                  "but the card is not reported MIG-capable: shared"),
+        "GPU-c": ("system", "mps", "TESSERA_CARD_MODE_DEFAULTS[2] (model 'L4')"),
+    }  # fmt: skip
+    # Defaults apply when a card first registers, never again.
+    Card.objects.filter(uuid="GPU-c").update(mode="shared")
+    put(client, "gpu-1", body)
+    assert Card.objects.get(uuid="GPU-c").mode == "shared"
+    assert AuditEvent.objects.filter(action="card-mode").count() == 3
+
+
+I0 = "cards[0].mig.instances[0]"
+MIG_BAD_INPUTS: list[tuple[str, Any, str]] = [
+    ("mig-not-object", "yes", "cards[0].mig"),
+    ("mig-capable-string", {"capable": "true", "enabled": False}, "cards[0].mig.capable"),
+    ("mig-enabled-missing", {"capable": True}, "cards[0].mig.enabled"),
+    ("mig-unknown-key", {**mig(), "mode": "mig"}, "cards[0].mig.mode"),
+    ("mig-enabled-not-capable", mig(False, True), "cards[0].mig.enabled"),
+    ("mig-instances-while-off", mig(True, False, instance()), "cards[0].mig.instances"),
+    ("mig-instances-not-list", {**mig(), "instances": {"a": 1}}, "cards[0].mig.instances"),
+    ("mig-profile-bad", mig(True, True, instance(profile="3g 40gb")), f"{I0}.profile"),
+    ("mig-start-negative", mig(True, True, instance(start=-1)), f"{I0}.start"),
+    ("mig-start-string", mig(True, True, instance(start="0")), f"{I0}.start"),
+    ("mig-size-zero", mig(True, True, instance(size=0)), f"{I0}.size"),
+    ("mig-past-the-end", mig(True, True, instance(start=12, size=8)), f"{I0}.size"),
+    ("mig-uuid-bad", mig(True, True, instance(uuid="MIG a")), f"{I0}.uuid"),
+    ("mig-instance-unknown-key", mig(True, True, instance(gi=1)), f"{I0}.gi"),
+    ("mig-duplicate-uuid", mig(True, True, instance(0), instance(4, uuid="MIG-0")),
+     "cards[0].mig.instances[1].uuid"),
+    ("mig-too-many", mig(True, True, *[instance(i % 8, 1, uuid=f"MIG-{i}") for i in range(17)]),
+     "cards[0].mig.instances"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "mig_body", "field"), MIG_BAD_INPUTS, ids=[c[0] for c in MIG_BAD_INPUTS]
+)
+def test_a_bad_mig_object_names_the_field_and_changes_nothing(
+    case: str, mig_body: Any, field: str
+) -> None:
+    client = token_client("gpu-1", Role.NODE)
+    assert put(client, "gpu-1", report(card_json("GPU-keep", 0, mig=mig()))).status_code == 201
+    before = ledger_state(), list(Card.objects.values_list("mig_capable", "mig_enabled"))
+    response = put(client, "gpu-1", report(card_json("GPU-keep", 0, mig=mig_body)))
+    assert response.status_code == 400, response.content
+    assert field in response.json()["fields"], response.json()
+    after = ledger_state(), list(Card.objects.values_list("mig_capable", "mig_enabled"))
+    assert after == before

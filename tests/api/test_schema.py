@@ -137,8 +137,8 @@ def test_request_bodies_carry_their_constraints(schema: dict) -> None:
             prop = resolve(schema, prop)
             if prop.get("type") == "integer":
                 assert "minimum" in prop and "maximum" in prop, (name, field)
-            if prop.get("type") == "string":
-                assert prop.get("maxLength"), (name, field)
+            if prop.get("type") == "string":  # bounded by a length or a list of values
+                assert prop.get("maxLength") or prop.get("enum"), (name, field)
             if prop.get("type") == "array":
                 assert prop.get("maxItems") and resolve(schema, prop["items"]), (name, field)
     for component in ("Quota", "QuotaLimits", "PatchedQuotaLimits"):
@@ -263,4 +263,4 @@ def test_examples_are_valid_by_the_schema_they_illustrate(schema: dict) -> None:
             errors = list(jsonschema.Draft4Validator(body).iter_errors(example["value"]))
             assert not errors, (method, path, errors)
             illustrated.add((method, path))
-    assert bodies == illustrated and len(bodies) == 9  # every request body has an example
+    assert bodies == illustrated and len(bodies) == 10  # every request body has an example

@@ -62,6 +62,7 @@ WRITES = [
     ("post", "/api/v1/nodes/n1/uncordon", {}),
     ("post", "/api/v1/cards/GPU-n1-0/cordon", {}),
     ("post", "/api/v1/cards/GPU-n1-0/uncordon", {}),
+    ("post", "/api/v1/cards/GPU-n1-0/mode", {"mode": "mps"}),
 ]
 
 
@@ -76,7 +77,7 @@ def ledger_snapshot() -> tuple[Any, ...]:
     return (
         quota_state(),
         list(Node.objects.values_list("name", "cordoned")),
-        list(Card.objects.values_list("uuid", "cordoned")),
+        list(Card.objects.values_list("uuid", "cordoned", "mode", "pending_mode")),
         AuditEvent.objects.count(),
     )
 
@@ -428,6 +429,65 @@ def test_list_query_counts_do_not_grow(viewer: APIClient, monkeypatch: Any) -> N
     assert counts() == small
 
 
+# --- card modes ----------------------------------------------------------------------------------
+
+
+def test_operator_sets_a_mode_the_card_answers_draining_then_cancels(
+    small_cluster: None, operator: APIClient, viewer: APIClient
+) -> None:
+    # GPU-n1-0 holds pod a's slice; GPU-n1-1 is idle.
+    idle = send(operator, "post", "/api/v1/cards/GPU-n1-1/mode/", {"mode": "exclusive"})
+    assert idle.status_code == 200, idle.content
+    assert {k: idle.json()[k] for k in ("uuid", "mode", "pending_mode", "draining")} == {
+        "uuid": "GPU-n1-1", "mode": "exclusive", "pending_mode": "", "draining": False,
+    }  # fmt: skip
+    busy = send(operator, "post", "/api/v1/cards/GPU-n1-0/mode", {"mode": "mps", "reason": "x"})
+    assert busy.status_code == 200, busy.content
+    body = busy.json()
+    assert (body["mode"], body["pending_mode"], body["draining"]) == ("shared", "mps", True)
+    assert body["mode_status"] == "draining: becomes MPS when its last slice ends"
+    listed = {c["uuid"]: c for c in viewer.get("/api/v1/cards/").json()["results"]}
+    assert listed["GPU-n1-0"]["draining"] and listed["GPU-n1-1"]["mode"] == "exclusive"
+    node_cards = viewer.get("/api/v1/nodes/n1/").json()["cards"]
+    assert [c["mode_status"] for c in node_cards] == [body["mode_status"], "exclusive"]
+    cancel = send(operator, "post", "/api/v1/cards/GPU-n1-0/mode", {"mode": "shared"})
+    assert (cancel.json()["pending_mode"], cancel.json()["draining"]) == ("", False)
+    assert list(
+        AuditEvent.objects.filter(action__startswith="card-mode")
+        .order_by("id")
+        .values_list("actor", "action", "target")
+    ) == [
+        ("otto-operator", "card-mode", "GPU-n1-1"),
+        ("otto-operator", "card-mode-requested", "GPU-n1-0"),
+        ("otto-operator", "card-mode-cancelled", "GPU-n1-0"),
+    ]
+
+
+def test_admin_may_set_a_mode(small_cluster: None) -> None:
+    admin = token_client("ada-admin", Role.ADMIN)
+    response = send(admin, "post", "/api/v1/cards/GPU-n1-1/mode", {"mode": "mps"})
+    assert response.status_code == 200 and response.json()["mode"] == "mps"
+
+
+def test_a_mig_card_lists_its_instances_with_their_pods(
+    small_cluster: None, viewer: APIClient
+) -> None:
+    from controlplane.ledger.models import Slice
+
+    Card.objects.filter(uuid="GPU-n1-0").update(mode="mig", mig_capable=True, mig_enabled=True)
+    Slice.objects.filter(card__uuid="GPU-n1-0").update(
+        mig_profile="3g.40gb", mig_start=4, mig_size=4
+    )
+    card = viewer.get("/api/v1/cards/GPU-n1-0/").json()
+    assert (card["mode"], card["mig_capable"], card["mig_enabled"]) == ("mig", True, True)
+    assert card["mig_instances"] == [
+        {"profile": "3g.40gb", "start": 4, "size": 4, "namespace": "team-a", "pod": "a",
+         "pod_uid": card["slices"][0]["pod_uid"], "container": "c"},
+    ]  # fmt: skip
+    other = viewer.get("/api/v1/cards/GPU-n1-1/").json()
+    assert other["mig_instances"] == [] and other["mig_capable"] is False
+
+
 # --- cordons -------------------------------------------------------------------------------------
 
 
@@ -468,9 +528,20 @@ def test_operator_cordons_and_uncordons_with_audit(cluster: None, operator: APIC
         # measured as sent: no trimming brings it under the limit
         ("/api/v1/nodes/n1/cordon", {"reason": "\r" + "x" * 500}, 400, "reason"),
         ("/api/v1/cards/GPU-n1-0/cordon", {"reason": "\u00a0" + "x" * 500}, 400, "reason"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "vgpu"}, 400, "mode"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "MIG"}, 400, "mode"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": 1}, 400, "mode"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": None}, 400, "mode"),
+        ("/api/v1/cards/GPU-n1-0/mode", {}, 400, "mode"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "mig"}, 400, "mode"),  # not MIG-capable
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "mps", "reason": 5}, 400, "reason"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "mps", "reason": "x" * 501}, 400, "reason"),
+        ("/api/v1/cards/GPU-n1-0/mode", {"mode": "mps", "why": "x"}, 400, "why"),
+        ("/api/v1/cards/GPU-n1-0/mode", ["mps"], 400, "body"),
+        ("/api/v1/cards/GPU-ghost/mode", {"mode": "mps"}, 404, "uuid"),
     ],
 )
-def test_bad_cordons_change_nothing(
+def test_bad_cordons_and_modes_change_nothing(
     cluster: None, operator: APIClient, url: str, body: Any, status: int, field: str
 ) -> None:
     before = ledger_snapshot()

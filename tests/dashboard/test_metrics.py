@@ -172,3 +172,25 @@ def test_grafana_dashboard_uses_only_exported_metrics(cluster: None) -> None:
     }
     assert used, "the dashboard queries no Tessera metric"
     assert used <= exported, used - exported
+
+
+def test_cards_by_mode_and_draining(cluster: None) -> None:
+    from controlplane.ledger.services import modes
+
+    Card.objects.filter(uuid="GPU-n1-1").update(mode="mps")
+    busy = Card.objects.filter(slices__binding__name="a").get().uuid
+    make_node("n2", cards=1)
+    Card.objects.filter(node__name="n2").update(mig_capable=True)
+    modes.set_card_mode("GPU-n2-0", "mig", "ann")  # idle: at once
+    modes.set_card_mode(busy, "exclusive", "ann")  # holds pod a: drains, keeps its mode
+    got = samples(token_client("prom", Role.VIEWER).get("/metrics").content.decode())
+    by_mode = {
+        dict(labels)["mode"] + ("/draining" if dict(labels)["draining"] == "true" else ""): value
+        for (name, labels), value in got.items()
+        if name == "tessera_cards_by_mode"
+    }
+    expected = {"shared": 0, "mig": 1, "mps": 1, "exclusive": 0, "shared/draining": 1}
+    expected |= {f"{m}/draining": 0 for m in ("mig", "mps", "exclusive")}
+    if busy == "GPU-n1-1":  # pod a landed on the mps card: that one drains instead
+        expected |= {"mps": 0, "mps/draining": 1, "shared": 1, "shared/draining": 0}
+    assert by_mode == expected

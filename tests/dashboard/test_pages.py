@@ -31,6 +31,7 @@ PAGES = [
     "/nodes/",
     "/nodes/?fragment=1",
     "/nodes/n1/",
+    "/grid/",
     "/cards/GPU-n1-0/",
     "/bindings/",
     "/pods/team-a/train-0/",
@@ -54,7 +55,7 @@ def state() -> tuple[Any, ...]:
     return (
         list(NamespaceQuota.objects.values_list("namespace", "gpumem_mib", "gpucores", "gpus")),
         list(Node.objects.values_list("name", "cordoned")),
-        list(Card.objects.values_list("uuid", "cordoned")),
+        list(Card.objects.values_list("uuid", "cordoned", "mode", "pending_mode")),
         AuditEvent.objects.count(),
     )
 
@@ -230,7 +231,78 @@ def test_viewer_sees_no_controls_and_cannot_post(cluster: None) -> None:
     assert client.post("/quotas/", {"action": "delete", "namespace": "x"}).status_code == 403
     assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
     assert client.post("/nodes/n1/cordon/", {"action": "cordon"}).status_code == 403
+    assert b"card-mode-form" not in client.get("/cards/GPU-n1-0/").content
+    assert client.post("/cards/GPU-n1-0/mode/", {"mode": "mps"}).status_code == 403
     assert state() == before
+
+
+def busy_card() -> str:
+    """The n1 card that holds team-a's train-0."""
+    return Card.objects.filter(slices__binding__name="train-0").values_list("uuid", flat=True).get()
+
+
+def test_operator_sets_a_mode_and_the_pages_say_draining(cluster: None) -> None:
+    uuid = busy_card()
+    client = signed_in(Role.OPERATOR, "otto")
+    assert b"card-mode-form" in client.get(f"/cards/{uuid}/").content
+    response = client.post(f"/cards/{uuid}/mode/", {"mode": "mps", "reason": "MPS trial"})
+    assert response.status_code == 302 and response["Location"] == f"/cards/{uuid}/"
+    assert Card.objects.filter(uuid=uuid).values_list("mode", "pending_mode").get() == (
+        "shared", "mps",
+    )  # fmt: skip
+    page = client.get(f"/cards/{uuid}/", follow=True).content.decode()
+    assert "becomes MPS when its last slice ends" in page
+    assert "Draining: the card becomes mps when its slices end." in page  # the flash message
+    assert "mode requested" in page and "MPS trial" in page  # the history
+    node_page = client.get("/nodes/n1/").content.decode()
+    row = node_page[node_page.index(f'data-card="{uuid}"') :].split('class="bars"')[0]
+    assert "draining" in row
+    client.post(f"/cards/{uuid}/mode/", {"mode": "shared"})  # cancels
+    assert Card.objects.get(uuid=uuid).pending_mode == ""
+    assert list(
+        AuditEvent.objects.filter(action__startswith="card-mode")
+        .order_by("id")
+        .values_list("actor", "action")
+    ) == [("otto", "card-mode-requested"), ("otto", "card-mode-cancelled")]
+
+
+def test_an_idle_card_changes_at_once_and_the_node_page_shows_it(cluster: None) -> None:
+    make_node("n3", cards=1)
+    idle = "GPU-n3-0"
+    client = signed_in(Role.OPERATOR, "otto")
+    client.post(f"/cards/{idle}/mode/", {"mode": "exclusive"})
+    assert Card.objects.get(uuid=idle).mode == "exclusive"
+    node_page = client.get("/nodes/n3/").content.decode()
+    row = node_page[node_page.index(f'data-card="{idle}"') :].split('class="bars"')[0]
+    assert 'class="badge mode-exclusive"' in row
+
+
+@pytest.mark.parametrize("mode", ["mig", "vgpu", ""])
+def test_a_refused_mode_says_why_and_changes_nothing(cluster: None, mode: str) -> None:
+    client = signed_in(Role.OPERATOR, "otto")
+    before = state()
+    page = client.post("/cards/GPU-n1-0/mode/", {"mode": mode}, follow=True).content.decode()
+    assert "not reported MIG-capable" in page if mode == "mig" else "Choose a mode" in page
+    assert state() == before
+
+
+def test_a_mig_card_shows_its_layout_and_each_instance_s_pod(cluster: None) -> None:
+    from controlplane.ledger.models import Slice
+
+    uuid = busy_card()
+    Card.objects.filter(uuid=uuid).update(mode="mig", mig_capable=True, mig_enabled=True)
+    Slice.objects.filter(card__uuid=uuid).update(mig_profile="3g.40gb", mig_start=4, mig_size=4)
+    page = signed_in(Role.VIEWER).get(f"/cards/{uuid}/").content.decode()
+    layout = page[page.index('id="mig-layout"') :].split("</section>")[0]
+    # free slices 0-3, then the instance at 4-7: half the bar each
+    cells = re.findall(r'<span class="seg ([^"]*)" data-width="([\d.]+)"', layout)
+    assert [(css.startswith("migfree"), width) for css, width in cells] == [
+        (True, "50.0"), (False, "50.0"),
+    ]  # fmt: skip
+    assert 'data-mig="3g.40gb"' in layout and "team-a/train-0" in layout
+    assert "capable · on" in page
+    other = signed_in(Role.VIEWER, "v2").get("/cards/GPU-n2-0/").content.decode()
+    assert 'id="mig-layout"' not in other
 
 
 def test_operator_cordons_card_and_node(cluster: None) -> None:
@@ -271,6 +343,7 @@ def test_forms_need_csrf(cluster: None) -> None:
     before = state()
     assert client.post("/quotas/", {"namespace": "team-a", "gpus": "1"}).status_code == 403
     assert client.post("/cards/GPU-n1-0/cordon/", {"action": "cordon"}).status_code == 403
+    assert client.post("/cards/GPU-n1-0/mode/", {"mode": "mps"}).status_code == 403
     assert state() == before
 
 

@@ -181,6 +181,7 @@ def test_scheduler_extender_stanza_matches_the_resource_names(
     assert extender["urlPrefix"] == "http://127.0.0.1:8001/scheduler"
     assert extender["filterVerb"] == "filter"
     assert extender["prioritizeVerb"] == "prioritize"
+    assert extender["preemptVerb"] == "preempt"
     assert extender["bindVerb"] == "bind"
     assert extender["nodeCacheCapable"] is True
     assert extender["ignorable"] is False
@@ -437,6 +438,8 @@ def test_webhook_certificate_from_cert_manager() -> None:
 KUBE_SCHEDULER = ("ClusterRole", "system:kube-scheduler")
 VOLUME_SCHEDULER = ("ClusterRole", "system:volume-scheduler")
 AUTH_READER = ("Role", "kube-system/extension-apiserver-authentication-reader")
+# Tessera's own preemption: evictions, and marking the preemptor (docs/preemption.md)
+PREEMPTION = {("", "pods/eviction", "create"), ("", "pods", "patch")}
 WORKER_RULES = (
     ("", "pods", "get,list,watch"),
     ("", "nodes", "list"),
@@ -445,7 +448,7 @@ WORKER_RULES = (
 EXPECTED_RBAC = {
     "defaults": {
         "controlplane": set(),
-        "scheduler": {KUBE_SCHEDULER, VOLUME_SCHEDULER, AUTH_READER},
+        "scheduler": {KUBE_SCHEDULER, VOLUME_SCHEDULER, AUTH_READER, *PREEMPTION},
         "worker": set(WORKER_RULES),
         "nodeplugin": {("", "pods", "get")},
     },
@@ -455,6 +458,7 @@ EXPECTED_RBAC = {
             KUBE_SCHEDULER,
             VOLUME_SCHEDULER,
             AUTH_READER,
+            *PREEMPTION,
             ("coordination.k8s.io", "leases", "create,get,list,update,watch", NAMESPACE),
         },
         "worker": set(WORKER_RULES),

@@ -111,8 +111,8 @@ def test_kube_scheduler_runs_the_charts_profile_and_extender(
     [extender] = running["extenders"]
     [wanted] = chart["extenders"]
     assert extender["urlPrefix"] == cluster.extender_url + urlsplit(wanted["urlPrefix"]).path
-    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "weight", "nodeCacheCapable",
-                "ignorable", "enableHTTPS"):  # fmt: skip
+    for key in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb", "weight",
+                "nodeCacheCapable", "ignorable", "enableHTTPS"):  # fmt: skip
         # /configz leaves out fields at their zero value (false)
         assert extender.get(key, False) == wanted[key], (key, extender)
     assert extender["httpTimeout"] == wanted["httpTimeout"]

@@ -42,6 +42,10 @@ class FakeKube:
         self.fail_bind: Callable[[], None] | None = None
         self.fail_get: Callable[[], None] | None = None
         self.events: list[dict[str, Any]] = []
+        self.evictions: list[tuple[str, str]] = []
+        self.refuse_eviction: Callable[[str, str], bool] | None = None
+        self.keep_evicted = False  # True: an evicted pod lingers (its grace period)
+        self.budgets: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +95,28 @@ class FakeKube:
 
     def create_event(self, namespace, event) -> None:
         self.events.append(copy.deepcopy(event))
+
+    def evict_pod(self, namespace, name, uid) -> bool:
+        self.evictions.append((namespace, name))
+        if self.refuse_eviction is not None and self.refuse_eviction(namespace, name):
+            raise kube.KubeError("Cannot evict pod as it would violate the pod's disruption "
+                                 "budget.", 429, False)  # fmt: skip
+        pod = self.pods.get((namespace, name))
+        if pod is None or pod["metadata"].get("uid") != uid:
+            return False
+        if not self.keep_evicted:
+            del self.pods[(namespace, name)]
+        return True
+
+    def nominate_pod(self, namespace, name, node, annotations) -> None:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise kube.KubeError(f'pods "{name}" not found', 404, False)
+        pod.setdefault("status", {})["nominatedNodeName"] = node
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def list_disruption_budgets(self, namespace) -> list[dict[str, Any]]:
+        return [copy.deepcopy(b) for b in self.budgets if b["metadata"]["namespace"] == namespace]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from tests.extender.builders import filter_args, gpu_pod
 from tests.extender.conftest import post
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-VERBS = ["/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind"]
+VERBS = ["/scheduler/filter", "/scheduler/prioritize", "/scheduler/preempt", "/scheduler/bind"]
 
 
 @pytest.mark.django_db

@@ -17,13 +17,13 @@ def docs(path: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((DEPLOY / path).read_text()) if d]
 
 
-def test_scheduler_profile_calls_the_loopback_extender_for_all_three_verbs() -> None:
+def test_scheduler_profile_calls_the_loopback_extender_for_every_verb() -> None:
     [config] = docs("scheduler/scheduler-config.yaml")
     assert [p["schedulerName"] for p in config["profiles"]] == ["tessera-scheduler"]
     [ext] = config["extenders"]
     assert ext["urlPrefix"].startswith("http://127.0.0.1:")
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
-        "filter", "prioritize", "bind",
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]) == (
+        "filter", "prioritize", "preempt", "bind",
     )  # fmt: skip
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0 and ext["httpTimeout"]
     assert {r["name"] for r in ext["managedResources"]} == RESOURCES

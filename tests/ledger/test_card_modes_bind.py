@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.ledger import allocation, errors, selectors
 from controlplane.ledger.models import Card, Slice
-from controlplane.ledger.services import bindings
+from controlplane.ledger.services import bindings, modes
 from controlplane.scheduling import parse_pod
 from tests.builders import gpu_container, make_node, pod_json
 
@@ -135,3 +135,13 @@ def test_a_signed_mig_record_reads_back_and_a_malformed_one_is_refused() -> None
     del broken["containers"][0]["devices"][0]["mig"]
     with pytest.raises(allocation.InvalidAllocation, match="mig"):
         allocation.verify_allocation(allocation.annotations(broken))
+
+
+def test_mig_is_refused_for_a_model_the_core_has_no_geometry_for() -> None:
+    make_node("l4", cards=1, model="NVIDIA L4")
+    make_node("a100", cards=1)
+    Card.objects.update(mig_capable=True, updated_at=timezone.now())
+    with pytest.raises(errors.ServiceError, match="no MIG geometry"):
+        modes.set_card_mode("GPU-l4-0", "mig", actor="op")
+    assert Card.objects.get(uuid="GPU-l4-0").mode == "shared"
+    assert modes.set_card_mode("GPU-a100-0", "mig", actor="op").mode == "mig"

@@ -24,17 +24,19 @@ from django.utils import timezone
 
 from controlplane.extender.snapshots import SnapshotCache
 from controlplane.ledger import allocation, selectors
-from controlplane.ledger.models import Card, Node, PodBinding, SchedulingDecision
+from controlplane.ledger.models import Card, Node, PodBinding, SchedulingDecision, Slice
 from controlplane.ledger.services import (
     audit,
     bindings,
     confirmations,
     cordons,
     decisions,
+    modes,
     nodes,
+    nominations,
     quotas,
 )
-from controlplane.scheduling import parse_pod
+from controlplane.scheduling import CardClaim, parse_pod
 from tests.builders import card_report, gpu_container, make_node, pod_json
 from tests.ledger_guard import ROOT, guarded
 
@@ -46,7 +48,9 @@ MODULES: tuple[ModuleType, ...] = (
     confirmations,
     cordons,
     decisions,
+    modes,
     nodes,
+    nominations,
     quotas,
 )
 
@@ -101,6 +105,20 @@ def _old_decision() -> None:
 def _decision() -> decisions.DecisionRecord:
     return decisions.DecisionRecord("uid-x", "default", "x", "unschedulable", "no room", (), {},
                                     {}, 1)  # fmt: skip
+
+
+def _nominate(until: timedelta = timedelta(minutes=1)) -> None:
+    nominations.nominate(
+        pod_uid="uid-urgent", namespace="default", name="urgent", node_name="n1", priority=100,
+        claims={"GPU-n1-0": CardClaim(5000, 10, 1, False)}, victims=["default/p"],
+        deadline=timezone.now() + until,
+    )  # fmt: skip
+
+
+def _draining() -> None:
+    _bound("p")
+    modes.set_card_mode("GPU-n1-0", "exclusive", "test")
+    Slice.objects.filter(active=True).update(active=False)  # the pod ended behind the reconciler
 
 
 # name -> (set-up, the call). Set-up runs before the cache is primed; the call after it.
@@ -177,6 +195,18 @@ SCENARIOS: dict[str, Scenario] = {
         lambda: decisions.record_decisions([_decision()]),
         lambda: decisions.forget_decisions(["uid-x"], before=timezone.now()),
     ),
+    "decisions.note_preemption": (
+        _nothing,
+        lambda: decisions.note_preemption("uid-x", "default", "x", "preempting default/p"),
+    ),
+    "modes.set_card_mode": (_nothing, lambda: modes.set_card_mode("GPU-n1-1", "mps", "test")),
+    "modes.apply_pending_modes": (_draining, lambda: modes.apply_pending_modes()),
+    "nominations.nominate": (_nothing, _nominate),
+    "nominations.end_nominations": (_nominate, lambda: nominations.end_nominations(["uid-urgent"])),
+    "nominations.expire_nominations": (
+        lambda: _nominate(timedelta(seconds=-1)),
+        lambda: nominations.expire_nominations(),
+    ),
     "audit.record_event": (_nothing, lambda: audit.record_event("test", "x", "node", "n1")),
     "audit.record_events": (
         _nothing,
@@ -184,7 +214,13 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 # Public functions that write nothing themselves.
-NOT_WRITERS = {"confirmations.retry_delay", "nodes.lock_card"}
+NOT_WRITERS = {
+    "confirmations.retry_delay",
+    "nodes.lock_card",
+    "modes.active_slices",
+    "modes.apply_after_release",  # queues `apply_pending_modes` for after the commit
+    "nominations.claims_json",
+}
 
 
 def public_functions() -> set[str]:

@@ -192,13 +192,13 @@ def test_snapshot_uses_a_fixed_number_of_queries(django_assert_num_queries) -> N
     for i in range(3):
         make_node(f"n{i}", cards=2, memory_mib=10000)
     bindings.bind_pod(request_for("p", gpu_container(mem=1000)), "n0")
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):
         small = selectors.cluster_snapshot()
     for i in range(3, 12):
         make_node(f"n{i}", cards=4, memory_mib=10000)
     for i in range(10):
         bindings.bind_pod(request_for(f"q{i}", gpu_container(mem=500)), f"n{3 + i % 9}")
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):
         big = selectors.cluster_snapshot()
     assert len(small.nodes) == 3 and len(big.nodes) == 12
     used = sum(c.used_memory_mib for n in big.nodes for c in n.cards)

@@ -23,6 +23,7 @@ def bind_pod(
     node: str = NODE,
     key: bytes | None = None,
     priorities: dict[str, int] | None = None,
+    modes: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Pod, str]:
     """What the extender's bind leaves: a ledger record (+ annotations); returns the kubelet's
     view of the pod and the record's JSON. ``priorities``: by container name."""
@@ -32,7 +33,7 @@ def bind_pod(
     for cname, init, slices in containers:
         rows.append((cname, index[init], init, slices))
         index[init] += 1
-    raw = record(uid, namespace, name, node, rows, priorities)
+    raw = record(uid, namespace, name, node, rows, priorities, modes)
     plane.bind(raw, key=key)
     pod = Pod(namespace, name, [Container(c, len(s), init) for c, init, s in containers])
     return pod, raw

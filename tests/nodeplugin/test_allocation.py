@@ -274,3 +274,69 @@ def test_a_sidecar_is_an_init_container_the_record_marks() -> None:
 def test_malformed_sidecar_flags_are_refused(container: dict[str, Any], message: str) -> None:
     with pytest.raises(al.AllocationError, match=message.replace("[", r"\[").replace("]", r"\]")):
         al.parse(rec(containers=[dict(rec()["containers"][0], **container)]))
+
+
+def dev(**over: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"uuid": "GPU-a", "memory_mib": 40192, "cores": 42}
+    d.update(over)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def with_device(d: dict[str, Any]) -> dict[str, Any]:
+    return rec(containers=[{"name": "app", "index": 0, "init": False, "devices": [d]}])
+
+
+MIG_3G = {"profile": "3g.40gb", "start": 4, "size": 4}
+
+
+@pytest.mark.parametrize(
+    ("device", "want"),
+    [
+        (dev(), al.SliceDevice("GPU-a", 40192, 42)),
+        (
+            dev(mode="mig", mig=MIG_3G),
+            al.SliceDevice("GPU-a", 40192, 42, "mig", al.MigPlacement("3g.40gb", 4, 4)),
+        ),
+        (dev(mode="mps"), al.SliceDevice("GPU-a", 40192, 42, "mps")),
+        (dev(mode="exclusive"), al.SliceDevice("GPU-a", 40192, 42, "exclusive")),
+        (
+            dev(mode="mig", mig={"profile": "1g.10gb+me", "start": 6, "size": 1}),
+            al.SliceDevice("GPU-a", 40192, 42, "mig", al.MigPlacement("1g.10gb+me", 6, 1)),
+        ),
+    ],
+)
+def test_device_modes_are_read(device: dict[str, Any], want: al.SliceDevice) -> None:
+    (got,) = al.parse(with_device(device)).containers[0].devices
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        (dev(mode="vgpu"), "devices[0].mode='vgpu' is not one of shared, mig, mps, exclusive"),
+        (dev(mode=3), "devices[0].mode must be a str"),
+        (dev(mode="mig"), "devices[0].mig is missing"),
+        (dev(mode="mig", mig="3g.40gb"), "devices[0].mig must be a dict"),
+        (dev(mode="mig", mig={"start": 4, "size": 4}), "devices[0].mig.profile is missing"),
+        (dev(mode="mig", mig={**MIG_3G, "start": "4"}), "devices[0].mig.start must be an integer"),
+        (dev(mode="mig", mig={**MIG_3G, "size": True}), "devices[0].mig.size must be an integer"),
+        (dev(mode="mig", mig={**MIG_3G, "size": 0}), "devices[0].mig.size=0 does not fit"),
+        (dev(mode="mig", mig={**MIG_3G, "start": -1}), "devices[0].mig.start=-1 is not"),
+        (dev(mode="mig", mig={**MIG_3G, "size": 64}), "devices[0].mig.size=64 does not fit"),
+        (
+            dev(mode="mig", mig={**MIG_3G, "profile": "../../x"}),
+            "devices[0].mig.profile='../../x' is not a MIG profile name",
+        ),
+        (dev(mode="mig", mig={**MIG_3G, "gi": 1}), "devices[0].mig.gi is not a MIG placement"),
+        (dev(mig=MIG_3G), "devices[0].mig is set on a device of mode 'shared'"),
+        (dev(mode="mps", mig=MIG_3G), "devices[0].mig is set on a device of mode 'mps'"),
+        (dev(mode="exclusive", mig=MIG_3G), "mig is set on a device of mode 'exclusive'"),
+    ],
+)
+def test_bad_mode_and_mig_fields_are_refused_naming_the_field(
+    device: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(al.AllocationError) as err:
+        al.parse(with_device(device))
+    assert message in str(err.value)
+    assert "containers[0]." in str(err.value)

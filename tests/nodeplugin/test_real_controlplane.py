@@ -4,6 +4,7 @@ getter, as in tests/extender), and the plugin process speaking to it over HTTP."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from controlplane.ledger.models import Card, PodBinding
 from tests.extender.builders import bind_args, gpu_pod
 from tests.extender.conftest import FakeKube, fake_kube  # noqa: F401 - fixture
 from tests.nodeplugin.conftest import eventually, fake_node, run
+from tests.nodeplugin.harness.gpu import cards as gpu_cards
 from tests.nodeplugin.harness.kubelet import Container, Pod
 from tests.nodeplugin.harness.plugin import NODE
 from tests.nodeplugin.helpers import cdi_name, cdi_spec, spec_env, spec_nodes
@@ -82,5 +84,39 @@ def test_plugin_with_the_real_control_plane(
             assert spec_nodes(spec)[:2] == [f"/dev/nvidia{minor[u]}" for u in uuids]
             assert {i.split("::")[0] for i in pod.devices["main"]} == set(uuids)
             assert "Unauthorized" not in node.plugin.text()
+
+    run(main)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mig_capable_cards_report_to_the_real_control_plane(
+    live_server: Any, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cards' MIG state rides the inventory where the control plane takes it; one that
+    predates card modes refuses the key, and the node must keep reporting all the same."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    token_file = short_tmp / "node-token"
+    token_file.write_text(create_token(NODE, Role.NODE) + "\n")
+    card_list = [dataclasses.replace(c, mig=True) for c in gpu_cards(2)]
+
+    def landed() -> bool:
+        try:
+            return Card.objects.filter(node__name=NODE).count() == 2
+        except OperationalError:  # SQLite: the report's transaction is still open
+            return False
+
+    async def main() -> None:
+        async with fake_node(
+            short_tmp,
+            card_list,
+            TESSERA_CONTROLPLANE_URL=live_server.url,
+            TESSERA_TOKEN_FILE=str(token_file),
+            TESSERA_HEARTBEAT_S="3600",
+            TESSERA_PROC_ROOT=str(short_tmp / "proc"),
+        ) as node:
+            await eventually(landed, timeout=10, what="the inventory to land")
+            taken = all(c.mig_capable for c in Card.objects.filter(node__name=NODE))
+            fell_back = "does not take the cards' MIG state" in node.plugin.text()
+            assert taken or fell_back, node.plugin.text()
 
     run(main)

@@ -21,6 +21,8 @@ from nodeplugin.cards import Card
 class NoCards:
     """NVML with no card: serving the socket needs none."""
 
+    handles: dict[str, object] = {}
+
     def discover(self) -> list[Card]:
         return []
 

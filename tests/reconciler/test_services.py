@@ -384,3 +384,23 @@ def test_a_resume_point_of_an_older_format_or_garbage_is_no_resume_point() -> No
         run = run_reconcile(cluster, state, full=False)
         assert run.mode == "full" and cluster.watched == [] and run.drift == {}, junk
         assert json.loads(state[RESUME_KEY]) == {"cluster": "uid-a", "rv": "120"}
+
+
+def test_a_pass_applies_the_mode_change_of_a_card_its_repairs_drained() -> None:
+    from controlplane.ledger.models import Card
+    from controlplane.ledger.services import modes
+    from controlplane.reconciler.tasks import LocalState, run_reconcile
+
+    gone = reserve("gone")
+    uuid = gone.assignments[0].card_uuid
+    modes.set_card_mode(uuid, "mps", "ann")
+    PodBinding.objects.update(created_at=timezone.now() - timedelta(seconds=5))
+    # The release's after-commit step does not run inside the test's transaction: the pass's own
+    # sweep is what applies the change here.
+    run = run_reconcile(Restored(), LocalState(), full=True)
+    assert run.drift == {"released_deleted": 1, "card_modes_applied": 1}
+    assert Card.objects.filter(uuid=uuid).values_list("mode", "pending_mode").get() == ("mps", "")
+    event = AuditEvent.objects.filter(action="card-mode").get()
+    assert (event.actor, event.target, event.details["to"]) == ("system", uuid, "mps")
+    again = run_reconcile(Restored(), LocalState(), full=True)
+    assert "card_modes_applied" not in again.drift

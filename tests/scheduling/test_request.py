@@ -624,3 +624,36 @@ def test_from_dict_refuses_malformed_new_fields(mutate: Any, field: str) -> None
     with pytest.raises(RequestError) as caught:
         PodRequest.from_dict(data)
     assert caught.value.field == field
+
+
+def test_the_pods_priority_and_preemption_policy_are_read_and_kept() -> None:
+    raw = pod_json(k8s_container(limits={"nvidia.com/gpu": 1}))
+    raw["spec"]["priority"] = 1000
+    raw["spec"]["preemptionPolicy"] = "Never"
+    request = parse_pod(raw)
+    assert request is not None
+    assert (request.pod_priority, request.preempt_never) == (1000, True)
+    assert PodRequest.from_dict(request.to_dict()) == request
+    # A request stored before these fields existed reads as priority 0, may preempt.
+    old = {k: v for k, v in request.to_dict().items() if k not in ("pod_priority", "preempt_never")}
+    assert (PodRequest.from_dict(old).pod_priority, PodRequest.from_dict(old).preempt_never) == (
+        0,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("priority", "high"),
+        ("priority", 1 << 40),
+        ("priority", True),
+        ("preemptionPolicy", "Later"),
+    ],
+)
+def test_a_malformed_priority_or_policy_names_the_field(key: str, value: Any) -> None:
+    raw = pod_json(k8s_container(limits={"nvidia.com/gpu": 1}))
+    raw["spec"][key] = value
+    with pytest.raises(RequestError) as caught:
+        parse_pod(raw)
+    assert f"spec.{key}" in str(caught.value)

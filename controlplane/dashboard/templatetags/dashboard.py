@@ -90,6 +90,16 @@ def _state_badge(card: Any) -> str:
     return f'<span class="badge {css}" title="{escape(card.health_reason)}">{card.state}</span>'
 
 
+def _mode_badge(card: Any) -> str:
+    """Nothing for a shared card (most of them); else its mode, or that it is draining."""
+    if card.draining:
+        status = escape(card.mode_status)
+        return f'<span class="badge warn" title="{status}">draining</span>'
+    if card.mode == "shared":
+        return ""
+    return f'<span class="badge mode-{escape(card.mode)}">{escape(card.mode_status)}</span>'
+
+
 @cache
 def _card_url_prefix() -> str:
     """`/cards/` as routed (reverse once per process, not 400 times a page)."""
@@ -131,7 +141,7 @@ def card_bar(context: dict[str, Any], card: Any) -> SafeString:
         f'<div class="cardrow state-{card.state}" data-card="{uuid}">'
         f'<div class="cardmeta"><a href="{url}" class="cardname" title="{uuid}">'
         f'GPU {card.index}</a><span class="model muted" title="{model}">{short_model}</span>'
-        f"{_state_badge(card)}</div>"
+        f"{_state_badge(card)}{_mode_badge(card)}</div>"
         '<div class="bars">'
         f'<div class="bar" role="img" aria-label="memory: {used} of {total}">'
         f"{''.join(memory_segments)}</div>"

@@ -30,7 +30,8 @@ from controlplane.ledger.errors import (
     Conflict,
     NotFound,
 )
-from controlplane.ledger.models import Card, Node, PodBinding, Slice
+from controlplane.ledger.models import Card, Node, Nomination, PodBinding, Slice
+from controlplane.ledger.services import modes
 from controlplane.ledger.services.audit import record_event, record_events
 from controlplane.scheduling import (
     Assignment,
@@ -134,6 +135,8 @@ def bind_pod(request: PodRequest, node_name: str) -> Reservation:
 
             # Recompute: the core on the committed rows read under the locks.
             state, card_ids = selectors.node_state(locked.node, locked.cards, locked.slices)
+            # Room held for a preemption under way is taken, except the pod's own.
+            state = selectors.holding(state, locked.held, request.uid)
             placed = place_on_node(state, request)
             if isinstance(placed, NodeFit):
                 raise AllocationRefused(
@@ -183,6 +186,12 @@ def bind_pod(request: PodRequest, node_name: str) -> Reservation:
                 # it had.
                 earlier.slices.filter(active=False).delete()
                 sql.insert_slices(binding_id, slices, now)
+            if any(uid == request.uid for uid, _ in locked.held):
+                # The pod takes the room preemption held for it (or binds elsewhere): the hold
+                # ends with this reservation.
+                held = Nomination.objects.filter(pod_uid=request.uid)
+                Node.objects.filter(pk__in=held.values("node_id")).update()
+                held.delete()
     except IntegrityError:
         # Another replica reserved the same pod UID between our read and our insert: the
         # unique constraint stopped the second row. The one that won answers.
@@ -325,6 +334,7 @@ def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBi
     binding.deadline = None
     binding.save(update_fields=["phase", "reason", "released_at", "deadline"])
     binding.slices.filter(active=True).update(active=False)
+    modes.apply_after_release([binding.pk])
     return binding
 
 
@@ -358,6 +368,7 @@ def release_bindings(
         deadline=None,
     )
     Slice.objects.filter(binding_id__in=ids, active=True).update(active=False)
+    modes.apply_after_release(ids)
     if actor is not None:
         events = _audited((row[1:] for row in active), reason)
         record_events(actor, "fail" if failed else "release", "binding", events)

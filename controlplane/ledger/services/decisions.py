@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -149,3 +149,20 @@ def _delete_decisions(which: Q) -> int:
     _diagnostic_commit()
     deleted, _ = SchedulingDecision.objects.filter(which).delete()
     return deleted
+
+
+def note_preemption(pod_uid: str, namespace: str, name: str, text: str) -> None:
+    """Record what preemption did for the pod on its decision row (the filter's rewrites of the
+    row keep it). The filter's own decision may not be written yet (it is, off the filter's
+    path): then the row starts here, and the filter's write fills in the rest."""
+    text = text[:2000]
+    if SchedulingDecision.objects.filter(pod_uid=pod_uid).update(preemption=text):
+        return
+    try:
+        with transaction.atomic():
+            SchedulingDecision.objects.create(
+                pod_uid=pod_uid, namespace=namespace, name=name, outcome=Outcome.UNSCHEDULABLE,
+                summary="", decided_at=timezone.now(), preemption=text,
+            )  # fmt: skip
+    except IntegrityError:  # the filter's write came first after all
+        SchedulingDecision.objects.filter(pod_uid=pod_uid).update(preemption=text)

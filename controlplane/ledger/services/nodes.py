@@ -5,8 +5,10 @@ node's reports."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -16,9 +18,35 @@ from django.utils import timezone
 from controlplane.ledger.errors import Conflict, NotFound, ServiceError
 from controlplane.ledger.models import Card, Node, PodBinding, Slice
 from controlplane.ledger.services.audit import record_event
+from controlplane.ledger.services.mode_rules import SYSTEM, initial_mode
 from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 MAX_SLOTS = 64  # slices a card may hold at once: well past what a GPU's memory can be cut into
+# Bounds of a reported MIG layout: NVIDIA's MIG GPUs have at most 8 memory slices and 7 GPU
+# instances; twice that leaves room for a larger part without taking a forged list.
+MAX_MIG_SLICES = 16
+MAX_MIG_INSTANCES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstanceReport:
+    profile: str
+    start: int
+    size: int
+    uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigReport:
+    capable: bool
+    enabled: bool
+    instances: tuple[MigInstanceReport, ...] = ()
+
+    def stored(self) -> list[dict[str, Any]]:
+        return [
+            {"profile": i.profile, "start": i.start, "size": i.size, "uuid": i.uuid}
+            for i in self.instances
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +58,7 @@ class CardReport:
     numa_node: int | None
     healthy: bool
     health_reason: str
+    mig: MigReport | None = None  # None: a plugin that predates card modes; keep what is known
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +74,7 @@ class InventoryResult:
     cards_added: tuple[str, ...]
     cards_missing: tuple[str, ...]
     cards_pruned: tuple[str, ...] = ()
+    modes: Mapping[str, str] = field(default_factory=dict)  # the node's cards: uuid -> mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +120,8 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     for card in report.cards:
         row = known.get(card.uuid)
         if row is None:
+            mig = card.mig or MigReport(capable=False, enabled=False)
+            start = initial_mode(card.model, mig.capable, settings.TESSERA["CARD_MODE_DEFAULTS"])
             Card.objects.create(
                 node=node,
                 uuid=card.uuid,
@@ -102,7 +134,16 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
                 slots=settings.TESSERA["DEFAULT_SLOTS"],
                 present=True,
                 last_seen=now,
+                mode=start.mode if start else Card.Mode.SHARED,
+                mig_capable=mig.capable,
+                mig_enabled=mig.enabled,
+                mig_instances=mig.stored(),
             )
+            if start is not None:
+                record_event(
+                    SYSTEM, "card-mode", "card", card.uuid, node=node.name, reason=start.note,
+                    **{"from": Card.Mode.SHARED.value, "to": start.mode},
+                )  # fmt: skip
             added.append(card.uuid)
             continue
         if row.healthy != card.healthy:
@@ -119,12 +160,15 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
             card.health_reason,
         )
         row.present, row.last_seen = True, now
-        row.save(
-            update_fields=[
-                "index", "model", "memory_mib", "numa_node", "healthy", "health_reason",
-                "present", "last_seen",
-            ]
-        )  # fmt: skip
+        fields = [
+            "index", "model", "memory_mib", "numa_node", "healthy", "health_reason", "present",
+            "last_seen",
+        ]  # fmt: skip
+        if card.mig is not None:
+            row.mig_capable, row.mig_enabled = card.mig.capable, card.mig.enabled
+            row.mig_instances = card.mig.stored()
+            fields += ["mig_capable", "mig_enabled", "mig_instances"]
+        row.save(update_fields=fields)
 
     missing = list(
         Card.objects.filter(node=node, present=True)
@@ -155,8 +199,9 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     node.last_heartbeat = now
     node.plugin_version = report.plugin_version
     node.save(update_fields=["ready", "last_heartbeat", "plugin_version"])
+    modes = dict(Card.objects.filter(node=node).values_list("uuid", "mode"))
     return InventoryResult(
-        node, created, tuple(added), tuple(missing), tuple(c.uuid for c in pruned)
+        node, created, tuple(added), tuple(missing), tuple(c.uuid for c in pruned), modes
     )
 
 

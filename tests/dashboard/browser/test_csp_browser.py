@@ -68,6 +68,7 @@ def test_no_page_reports_a_violation(watched: Any, live_server: Any, monkeypatch
     for path in (
         "/",
         "/nodes/",
+        "/grid/",
         "/nodes/gpu-a100-0/",
         "/cards/GPU-gpu-a100-0-0/",
         "/bindings/",

@@ -29,6 +29,23 @@ from nodeplugin import allocation as alloc_mod
 
 INVENTORY_KEYS = {"plugin_version", "cards"}
 CARD_KEYS = {"uuid", "index", "model", "memory_mib", "numa_node", "healthy", "health_reason"}
+# docs/card-modes.md: a MIG-capable card's report may carry this, and nothing else is optional.
+OPTIONAL_CARD_KEYS = {"mig"}
+MIG_KEYS = {"capable", "enabled", "instances"}
+MIG_INSTANCE_KEYS = {"profile", "start", "size", "uuid"}
+
+
+def _card_ok(card: dict[str, Any]) -> bool:
+    if not CARD_KEYS <= set(card) <= CARD_KEYS | OPTIONAL_CARD_KEYS:
+        return False
+    mig = card.get("mig")
+    if mig is None:
+        return True
+    return (
+        isinstance(mig, dict)
+        and set(mig) == MIG_KEYS
+        and all(set(i) == MIG_INSTANCE_KEYS for i in mig["instances"])
+    )
 
 
 def record(
@@ -38,16 +55,22 @@ def record(
     node: str,
     containers: list[tuple[str, int, bool, list[tuple[str, int, int]]]],
     priorities: dict[str, int] | None = None,
+    modes: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """The compact, key-sorted JSON the extender writes (docs/allocation.md); ``priorities``
-    by container name, for the containers whose pod asked for nvidia.com/priority."""
+    by container name, for the containers whose pod asked for nvidia.com/priority; ``modes``
+    by card UUID, the device keys of a card in a mode (docs/card-modes.md), e.g.
+    ``{"mode": "mig", "mig": {"profile": "3g.40gb", "start": 4, "size": 4}}``."""
     rows: list[dict[str, Any]] = []
     for cname, index, init, devices in containers:
         row: dict[str, Any] = {
             "name": cname,
             "index": index,
             "init": init,
-            "devices": [{"uuid": u, "memory_mib": m, "cores": c} for u, m, c in devices],
+            "devices": [
+                {"uuid": u, "memory_mib": m, "cores": c, **(modes or {}).get(u, {})}
+                for u, m, c in devices
+            ],
         }
         if priorities and cname in priorities:
             row["priority"] = priorities[cname]
@@ -79,6 +102,7 @@ class FakeControlPlane:
         self.allocated: list[tuple[str, str, list[str]]] = []
         self.requests: list[tuple[str, str, int]] = []
         self.status_override: int | None = None  # e.g. 503: the control plane is "down"
+        self.modes: dict[str, str] | None = None  # the answer's "modes"; None: no such key
         self.lock = threading.Lock()
         self.connections: set[socket.socket] = set()
         self.host = host
@@ -159,14 +183,17 @@ class FakeControlPlane:
                     if (
                         not isinstance(body, dict)
                         or set(body) != INVENTORY_KEYS
-                        or any(set(c) != CARD_KEYS for c in body["cards"])
+                        or not all(_card_ok(c) for c in body["cards"])
                     ):
                         self._send(400, {"error": f"not the DESIGN §7 shape: {body!r}"})
                         return
                     with plane.lock:
                         first = not any(r[1] == name for r in plane.reports)
                         plane.reports.append((time.monotonic(), name, body))
-                    self._send(201 if first else 200, {"node": name})
+                    answer: dict[str, Any] = {"node": name}
+                    if plane.modes is not None:
+                        answer["modes"] = dict(plane.modes)
+                    self._send(201 if first else 200, answer)
                     return
                 if cmd == "GET" and len(parts) == 5 and parts[:3] == ["api", "v1", "allocations"]:
                     raw = plane.allocations.get((parts[3], parts[4]))

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 
@@ -45,6 +46,7 @@ class FakeCard:
     minor: int = 0
     numa: int = 0
     bus_id: str = "00000000:07:00.0"
+    mig: bool = False  # MIG capable (A100/H100 80GB geometry)
 
 
 def cards(n: int, prefix: str = "GPU-0000", numa_split: bool = True) -> list[FakeCard]:
@@ -71,7 +73,8 @@ class GpuNode:
         self.cards_file = root / "nvml-cards.txt"
         self.cards_file.write_text(
             "".join(
-                f"{c.uuid}|{c.name}|{c.memory_mib}|{c.minor}|{c.numa}|{c.bus_id}\n"
+                f"{c.uuid}|{c.name}|{c.memory_mib}|{c.minor}|{c.numa}|{c.bus_id}"
+                + ("|mig\n" if c.mig else "\n")
                 for c in card_list
             )
         )
@@ -82,6 +85,77 @@ class GpuNode:
             (self.dev / f"nvidia{c.minor}").touch()
         for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
             (self.dev / name).touch()
+
+        self.proc = root / "proc"
+        self._write_mig_minors()
+
+    def _write_mig_minors(self) -> None:
+        """The driver's /proc/driver/nvidia-caps/mig-minors: a minor for every capability a
+        card could have (the driver writes the whole table at load), numbered as the driver
+        does: config, monitor, then per GPU minor its GPU instances and their compute
+        instances."""
+        lines = ["config 1", "monitor 2"]
+        minor = 3
+        for c in self.cards:
+            for gi in range(15):
+                lines.append(f"gpu{c.minor}/gi{gi}/access {minor}")
+                minor += 1
+                for ci in range(8):
+                    lines.append(f"gpu{c.minor}/gi{gi}/ci{ci}/access {minor}")
+                    minor += 1
+        path = self.proc / "driver" / "nvidia-caps" / "mig-minors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+
+    def mig_minor(self, gpu_minor: int, gi: int, ci: int | None = None) -> int:
+        path = self.proc / "driver" / "nvidia-caps" / "mig-minors"
+        want = f"gpu{gpu_minor}/gi{gi}/" + (f"ci{ci}/access" if ci is not None else "access")
+        for line in path.read_text().splitlines():
+            cap, _, minor = line.partition(" ")
+            if cap == want:
+                return int(minor)
+        raise KeyError(want)
+
+    # -- MIG state, as the fake library keeps it (fake_nvml.c) -----------------------------
+
+    def mig_file(self, uuid: str) -> Path:
+        return self.state / "mig" / uuid
+
+    def mig_state(self, uuid: str) -> dict[str, Any]:
+        """``{"mode": (current, pending), "gi": [(id, profile_id, start, size)], "ci": [...]}``"""
+        out: dict[str, Any] = {"mode": (0, 0), "gi": [], "ci": []}
+        try:
+            text = self.mig_file(uuid).read_text()
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            kind, *nums = line.split()
+            values = tuple(int(n) for n in nums)
+            if kind == "mode":
+                out["mode"] = values
+            else:
+                out[kind].append(values)
+        return out
+
+    def set_mig_state(self, uuid: str, state: dict[str, Any]) -> None:
+        lines = ["mode {} {}".format(*state["mode"])]
+        lines += ["gi {} {} {} {}".format(*g) for g in state["gi"]]
+        lines += ["ci {} {} {}".format(*c) for c in state["ci"]]
+        self.mig_file(uuid).parent.mkdir(exist_ok=True)
+        self.mig_file(uuid).write_text("\n".join(lines) + "\n")
+
+    def mig_reset(self, uuid: str) -> None:
+        """A GPU reset: the pending MIG mode becomes the current one."""
+        st = self.mig_state(uuid)
+        st["mode"] = (st["mode"][1], st["mode"][1])
+        self.set_mig_state(uuid, st)
+
+    def mig_needs_reset(self, on: bool = True) -> None:
+        flag = self.state / "mig_reset_required"
+        if on:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
 
     def env(self) -> dict[str, str]:
         return {

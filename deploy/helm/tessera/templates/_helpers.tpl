@@ -155,6 +155,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 - {name: TESSERA_RESOURCE_PRIORITY, value: {{ .Values.resources.priority | quote }}}
 - {name: TESSERA_SCHEDULER_NAME, value: {{ .Values.scheduler.name | quote }}}
 - {name: TESSERA_ADOPTED_SCHEDULERS, value: {{ join "," .Values.scheduler.adopt | quote }}}
+{{- /* Card modes (docs/card-modes.md): new cards' modes, and what pods accept and may ask. */}}
+- {name: TESSERA_CARD_MODE_DEFAULTS, value: {{ .Values.cardModes.defaults | default list | toJson | quote }}}
+- {name: TESSERA_MIG_RESOURCES, value: {{ ternary "1" "0" .Values.cardModes.migResources | quote }}}
+- {name: TESSERA_DEFAULT_VGPU_MODES, value: {{ .Values.cardModes.defaultVgpuModes | quote }}}
 {{- if eq .Values.nodeplugin.auth.mode "serviceAccountToken" }}
 {{- /* Node plugins log in with their projected token; the control plane reviews it. */}}
 - {name: TESSERA_NODE_SERVICE_ACCOUNTS, value: {{ printf "%s:%s" .Release.Namespace (include "tessera.sa.nodeplugin" .) | quote }}}
