@@ -299,7 +299,8 @@ class Nomination(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nominations")
     priority = models.IntegerField(help_text="The nominated pod's spec.priority.")
     claims = models.JSONField(
-        help_text="Card UUID -> [memory MiB, compute, slots, exclusive]: the room it holds."
+        help_text="Card UUID -> [memory MiB, compute, slots, exclusive, MIG mask]: the room it "
+        "holds."
     )
     victims = models.JSONField(default=list, help_text="The pods evicted for it: namespace/name.")
     created_at = models.DateTimeField(auto_now_add=True)

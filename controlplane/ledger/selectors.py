@@ -97,11 +97,14 @@ def cluster_snapshot(node_names: Iterable[str] | None = None, *, for_pod: str = 
 
 
 def held_claims(value: Any) -> dict[str, CardClaim]:
-    """A nomination's claims JSON (card UUID -> [memory, compute, slots, exclusive])."""
+    """A nomination's claims JSON (card UUID -> [memory, compute, slots, exclusive, MIG
+    mask]; holds written before MIG placements had four)."""
     if isinstance(value, str | bytes):
         value = json.loads(value)
     return {
-        str(uuid): CardClaim(int(c[0]), int(c[1]), int(c[2]), bool(c[3]))
+        str(uuid): CardClaim(
+            int(c[0]), int(c[1]), int(c[2]), bool(c[3]), int(c[4]) if len(c) > 4 else 0
+        )
         for uuid, c in value.items()
     }
 

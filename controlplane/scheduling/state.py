@@ -365,10 +365,11 @@ class NodeState:
         gone: dict[str, list[int]] = {}
         for pod in claims:
             for uuid, claim in pod.items():
-                total = gone.setdefault(uuid, [0, 0, 0])
+                total = gone.setdefault(uuid, [0, 0, 0, 0])
                 total[0] += claim.memory_mib
                 total[1] += claim.cores
                 total[2] += claim.slots
+                total[3] |= claim.mig_mask  # MIG instances never overlap: their bits go alone
         cards = tuple(
             card
             if (t := gone.get(card.uuid)) is None
@@ -378,6 +379,7 @@ class NodeState:
                 used_compute=card.used_compute - t[1],
                 used_slots=card.used_slots - t[2],
                 exclusive=card.uuid in exclusive_left,
+                mig_used=card.mig_used & ~t[3],
             )
             for card in self.cards
         )

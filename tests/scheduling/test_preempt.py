@@ -199,3 +199,31 @@ def test_an_exclusive_pod_that_stays_keeps_the_card_closed(exclusive_stays: bool
         assert isinstance(got, NoVictims)
     else:
         assert isinstance(got, Victims) and [p.name for p in got.pods] == ["whole"]
+
+
+def test_victims_on_a_mig_card_free_their_placements() -> None:
+    # A full A100-80GB in MIG mode: seven 1g.10gb instances of low-priority pods.
+    mig = card(
+        "GPU-0", 0, mode="mig", mig_enabled=True, memory_mib=81920, slots=7
+    )  # fmt: skip
+    pods = [
+        Candidate(
+            f"uid-{i}",
+            "ml",
+            f"p{i}",
+            0,
+            float(i),
+            {"GPU-0": CardClaim(9856, 14, 1, False, 1 << i)},
+        )
+        for i in range(7)
+    ]
+    node = _node_holding((mig,), pods)
+    node = NodeState(
+        node.name, True, False, (replace(node.cards[0], mig_used=(1 << 7) - 1),)
+    )  # fmt: skip
+    ask = pod(container(memory_mib=30000), vgpu_modes=("mig",))  # a 3g.40gb
+    got = choose_victims(node, ask, pods, priority=5)
+    assert isinstance(got, Victims)
+    # A 3g.40gb takes four memory slices at start 0 or 4: the four newest free slices 4..7 hold
+    # only three instances (4, 5, 6), and the newest pods win ties.
+    assert sorted(p.name for p in got.pods) == ["p4", "p5", "p6"]

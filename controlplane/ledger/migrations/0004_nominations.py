@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
                 (
                     "claims",
                     models.JSONField(
-                        help_text="Card UUID -> [memory MiB, compute, slots, exclusive]: the room it holds."
+                        help_text="Card UUID -> [memory MiB, compute, slots, exclusive, MIG mask]: the room it holds."
                     ),
                 ),
                 (
