@@ -48,6 +48,9 @@ HOLD_S = 60.0  # how long room is held past the victims' grace periods
 DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it does not say
 POLL_S = 0.5  # how often the victims are looked for while they terminate
 HELD_TTL_S = 1.0  # how stale the filter's view of the holds may be
+# How stale the lowest priority among slice holders may be: below it no pod can preempt, and
+# a cluster without PriorityClasses (every pod at 0) never pays for a try.
+LOWEST_TTL_S = 5.0
 MAX_QUEUED = 1000
 
 NOMINATED_ANNOTATION = "tessera.io/nominated-node"
@@ -259,6 +262,8 @@ class Preemptor:
     def __init__(self) -> None:
         self._held: dict[str, str] | None = None  # pod UID -> node
         self._held_at = 0.0
+        self._lowest: int | None = None  # lowest priority among slice holders
+        self._lowest_at = -LOWEST_TTL_S
         self._queue: queue.Queue[tuple[PodRequest, tuple[str, ...]]] = queue.Queue(MAX_QUEUED)
         self._tried: dict[str, float] = {}
         self._busy: set[str] = set()
@@ -290,6 +295,11 @@ class Preemptor:
         if request.preempt_never or not settings.TESSERA.get("PREEMPTION", True):
             return
         now = time.monotonic()
+        lowest = self._lowest
+        if now - self._lowest_at < LOWEST_TTL_S and (
+            lowest is None or request.pod_priority <= lowest
+        ):
+            return  # no pod of lower priority holds slices: nothing to try
         with self._lock:
             if request.uid in self._busy or now - self._tried.get(request.uid, -RETRY_S) < RETRY_S:
                 return
@@ -327,6 +337,10 @@ class Preemptor:
     def run_one(self, request: PodRequest, names: Sequence[str], kube: Kube) -> Outcome:
         for uid in nominations.expire_nominations():
             self.forget(uid)
+        if time.monotonic() - self._lowest_at >= LOWEST_TTL_S:
+            self._lowest, self._lowest_at = preemption.lowest_priority(), time.monotonic()
+        if self._lowest is None or request.pod_priority <= self._lowest:
+            return Outcome("none", "no pod of lower priority holds slices")
         outcome = preempt(request, names, kube)
         if outcome.kind == "nominated":
             self.held_node(request.uid)  # loads the ledger's holds (this one among them)

@@ -63,3 +63,13 @@ def held_nodes(pod_uids: Iterable[str] | None = None) -> dict[str, str]:
     if pod_uids is not None:
         rows = rows.filter(pod_uid__in=list(pod_uids))
     return dict(rows.values_list("pod_uid", "node__name"))
+
+
+def lowest_priority() -> int | None:
+    """The lowest priority among the pods holding slices (None: no pod does), one query. A
+    binding stored before priorities were recorded counts as 0."""
+    values = PodBinding.objects.filter(phase__in=PodBinding.ACTIVE_PHASES).values_list(
+        "request__pod_priority", flat=True
+    )
+    found = [v if isinstance(v, int) else 0 for v in values]
+    return min(found) if found else None

@@ -213,3 +213,14 @@ def test_a_preemption_note_before_the_filters_decision_is_kept(client, fake_kube
     why = status_of("serving", "urgent")
     assert why is not None and why.outcome == "unschedulable"
     assert why.summary.endswith("Preemption: preempting ml/c on node n2")
+
+
+def test_a_pod_no_lower_than_every_slice_holder_costs_no_search(
+    client, fake_kube, two_nodes, django_assert_max_num_queries
+):
+    worker = preempting.Preemptor()
+    _, request = _urgent(fake_kube, mem=8000, priority=0)  # the low pods are at 0 too
+    with django_assert_max_num_queries(4):  # expiry (a transaction), the lowest priority; no node
+        outcome = worker.run_one(request, ["n1", "n2"], fake_kube)
+    assert outcome.kind == "none" and "lower priority" in outcome.message
+    assert fake_kube.evictions == []
