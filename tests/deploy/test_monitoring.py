@@ -188,3 +188,23 @@ def test_metrics_interval_reaches_the_plugin() -> None:
         e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["TESSERA_METRICS_INTERVAL_S"] == "30"
+
+
+def test_host_proc_only_when_asked() -> None:
+    """Per-container compute needs the host's pids: the host's /proc, read-only, on request."""
+
+    def plugin(*sets: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        (ds,) = [d for d in render(sets=sets) if d["kind"] == "DaemonSet"]
+        spec = ds["spec"]["template"]["spec"]
+        return spec, spec["containers"][0]
+
+    spec, c = plugin()
+    assert "TESSERA_PROC_ROOT" not in {e["name"] for e in c["env"]}
+    assert "host-proc" not in {v["name"] for v in spec["volumes"]}
+    spec, c = plugin("nodeplugin.hostProc=true")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TESSERA_PROC_ROOT"] == "/host/proc"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "host-proc"]
+    assert mount == {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "host-proc"]
+    assert volume["hostPath"]["path"] == "/proc"
