@@ -82,7 +82,8 @@ _DEFS = (
     Definition(
         "tessera_card_xid_errors",
         "counter",
-        "XID errors the card reported through NVML events, those ignored for health too",
+        "XID errors the card reported through NVML events, those ignored for health too "
+        "(cards whose XID events NVML delivers)",
         CARD_LABELS,
     ),
     Definition(
@@ -273,11 +274,12 @@ class Sampler(threading.Thread):
             try:
                 families = self.sample()
             except Exception:
-                # A metrics bug must not take the device plugin down; the last sample stays.
-                log.exception("metrics sample failed")
-            else:
-                with self._lock:
-                    self._latest = families
+                # The device plugin must outlive a fault in its metrics, and old figures must
+                # not pass for new ones: the scrape is empty until a sample succeeds again.
+                log.exception("metrics sample failed; /metrics is empty until one succeeds")
+                families = []
+            with self._lock:
+                self._latest = families
             self._stop_flag.wait(self.interval_s)
 
     def _process_samples(self) -> dict[str, list[ProcessSample]]:
@@ -318,9 +320,8 @@ class Sampler(threading.Thread):
                 fam[_CARD_GAUGES[name]].add_metric(labels[card.uuid], value)
             for name in failed:
                 self._count_error(card.uuid, name)
-            fam["tessera_card_xid_errors"].add_metric(
-                labels[card.uuid], float(xids.get(card.uuid, 0))
-            )
+            if card.uuid in xids:
+                fam["tessera_card_xid_errors"].add_metric(labels[card.uuid], float(xids[card.uuid]))
             h = health.get(card.uuid, Health(True))
             fam["tessera_card_healthy"].add_metric(
                 [card.uuid, str(card.index), h.reason], 1.0 if h.healthy else 0.0

@@ -186,8 +186,10 @@ class HealthMonitor(threading.Thread):
         self.wait_ms = wait_ms
         self.health: dict[str, Health] = {u: Health(True) for u in self.uuids}
         self.quiet_until: dict[str, float] = {}
-        # Every XID a card reported, ignored ones too (metrics); only this thread writes it.
-        self.xids: dict[str, int] = dict.fromkeys(self.uuids, 0)
+        # XIDs per card, ignored ones too (metrics), for the cards whose XID events NVML
+        # delivers: a card without them has no count rather than a zero. Only this thread
+        # writes it.
+        self.xids: dict[str, int] = {}
         self._stop_flag = threading.Event()
 
     def stop(self) -> None:
@@ -213,6 +215,7 @@ class HealthMonitor(threading.Thread):
                 pynvml.nvmlDeviceRegisterEvents(
                     self.nvml.handles[uuid], pynvml.nvmlEventTypeXidCriticalError, es
                 )
+                self.xids.setdefault(uuid, 0)
             except pynvml.NVMLError as exc:
                 log.warning("card %s: XID events unavailable (%s); probes only", uuid, exc)
         return es

@@ -118,6 +118,26 @@ def test_every_card_figure_is_the_fake_nvmls(short_tmp: Path) -> None:
     run(main)
 
 
+def test_no_xid_count_without_xid_events(short_tmp: Path) -> None:
+    """With health checks off nothing listens for XIDs: no count rather than a false zero."""
+    port = free_port()
+
+    async def main() -> None:
+        async with fake_node(
+            short_tmp, TESSERA_METRICS_PORT=str(port), TESSERA_HEALTH_CHECKS="false"
+        ) as node:
+            node.gpu.set_figures(node.uuids[0], util=12)
+            m = await scrape_when(
+                port,
+                lambda m: (
+                    value(m, "tessera_card_gpu_utilization_percent", card(node.uuids[0], 0)) == 12
+                ),
+            )
+            assert "tessera_card_xid_errors_total" not in m
+
+    run(main)
+
+
 def test_an_nvml_error_drops_that_series_and_counts_it(short_tmp: Path) -> None:
     port = free_port()
 
