@@ -125,6 +125,24 @@ def test_every_dashboard_query_names_an_exported_series() -> None:
         assert name in used, name
 
 
+@pytest.mark.django_db
+def test_a_name_both_export_is_queried_as_one_of_them() -> None:
+    """The control plane and the node plugin both export tessera_card_healthy (the ledger's
+    view and the plugin's): a query must pick one by a label only that one has, or it counts
+    every card twice."""
+    plane = {f.name: set(f.labels) for f in read_ledger()}
+    plugin = {d.name: set(d.labels) for d in FAMILIES.values() if d.kind == "gauge"}
+    shared = plane.keys() & plugin.keys()
+    assert "tessera_card_healthy" in shared
+    queries = list(_queries(json.loads(DASHBOARD.read_text())))
+    for name in shared:
+        only_one = (plane[name] - plugin[name]) | (plugin[name] - plane[name])
+        for q in queries:
+            for selector in re.findall(rf"\b{name}(?:\{{([^}}]*)\}})?", q):
+                picked = set(re.findall(r'(\w+)\s*!=\s*""', selector))
+                assert picked & only_one, f"{q!r} mixes both exporters' {name}"
+
+
 def test_dashboard_panels_have_unique_ids_and_sit_on_the_grid() -> None:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     ids = [p["id"] for p in panels]
