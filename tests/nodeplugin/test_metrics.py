@@ -3,13 +3,16 @@ NVML errors, per-container memory and compute, containers that end."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import cast
 
-from nodeplugin.metrics import CARD_LABELS, FAMILIES, container_compute, host_process
-from nodeplugin.nvml import ProcessSample
+from nodeplugin.cards import Card
+from nodeplugin.metrics import CARD_LABELS, FAMILIES, Sampler, container_compute, host_process
+from nodeplugin.nvml import Nvml, ProcessSample
 from nodeplugin.owners import Owner
 from nodeplugin.shared_region import parse_region
-from nodeplugin.usage import ContainerUsage
+from nodeplugin.usage import ContainerUsage, UsageReader
 from tests.nodeplugin.conftest import fake_node, run
 from tests.nodeplugin.harness.gpu import GpuNode
 from tests.nodeplugin.harness.plugin import NODE
@@ -286,3 +289,53 @@ def test_an_ended_container_leaves_the_series(short_tmp: Path) -> None:
                 assert pods_in(m, name) == {"stays"}, name
 
     run(main)
+
+
+class _FlakyNvml:
+    """Just what the sampler asks of NVML, with a switch that makes the figures raise."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def figures(self, uuid: str) -> tuple[dict[str, float], list[str]]:
+        if self.broken:
+            raise RuntimeError("a bug in the metrics code")
+        return {"utilization": 5.0}, []
+
+    def process_utilization(self, uuid: str, last_seen_us: int) -> list[ProcessSample]:
+        return []
+
+
+def test_a_failed_sample_empties_the_scrape_instead_of_serving_old_figures(
+    tmp_path: Path,
+) -> None:
+    nvml = _FlakyNvml()
+    sampler = Sampler(
+        cast(Nvml, nvml),
+        [Card("GPU-1", 0, MODEL, 81920, 0)],
+        node=NODE,
+        usage=UsageReader(tmp_path / "state", tmp_path / "regions"),
+        proc_root=tmp_path,
+        interval_s=0.01,
+        modes=dict,
+        health=dict,
+        xids=dict,
+    )
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not sampler.latest() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        names = {f.name for f in sampler.latest() if f.samples}
+        assert "tessera_card_gpu_utilization_percent" in names
+        nvml.broken = True
+        while sampler.latest() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sampler.latest() == []
+        nvml.broken = False
+        while not sampler.latest() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sampler.latest(), "sampling did not resume"
+    finally:
+        sampler.stop()
+        sampler.join(5)
