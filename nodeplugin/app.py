@@ -24,6 +24,7 @@ from nodeplugin.config import Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
 from nodeplugin.http import HttpUnavailable
 from nodeplugin.kubeapi import KubeApi
+from nodeplugin.metrics import SampleCollector, Sampler
 from nodeplugin.mig import Mig, MigError, MigStatus
 from nodeplugin.mps import MpsDaemon
 from nodeplugin.nvml import HealthMonitor, Nvml
@@ -46,7 +47,7 @@ from nodeplugin.sources import (
     FallbackSource,
 )
 from nodeplugin.store import NameStore
-from nodeplugin.usage import UsageCollector
+from nodeplugin.usage import UsageReader
 from nodeplugin.writer import Writer
 
 log = logging.getLogger("nodeplugin")
@@ -163,6 +164,7 @@ class Plugin:
             settings.priority_busy_s,
         )
         self._report_now = asyncio.Event()
+        self.sampler: Sampler | None = None
         self.registrations = 0
         self._socket_inode: tuple[int, int] | None = None  # the socket file this process made
 
@@ -507,16 +509,29 @@ class Plugin:
     def start_metrics(self) -> None:
         if not self.s.metrics_port:
             return
-        registry = CollectorRegistry()
-        registry.register(
-            UsageCollector(
-                self.s.state_dir,
-                self.s.region_dir,
-                lambda: [(c, self.registry.health[c.uuid]) for c in self.cards],
-            )
+        monitor = self.monitor
+        self.sampler = Sampler(
+            self.nvml,
+            self.cards,
+            node=self.s.node_name,
+            usage=UsageReader(self.s.state_dir, self.s.region_dir),
+            proc_root=self.s.proc_root,
+            interval_s=self.s.metrics_interval_s,
+            # Read from the sampler's thread: each is a copy or a plain dict read, which the
+            # interpreter does whole while the event loop or the health thread replaces entries.
+            modes=lambda: dict(self.modes),
+            health=lambda: dict(self.registry.health),
+            xids=lambda: dict(monitor.xids) if monitor is not None else {},
         )
+        self.sampler.start()
+        registry = CollectorRegistry()
+        registry.register(SampleCollector(self.sampler))
         start_http_server(self.s.metrics_port, registry=registry)
-        log.info("metrics on :%d/metrics", self.s.metrics_port)
+        log.info(
+            "metrics on :%d/metrics, sampled every %.3gs",
+            self.s.metrics_port,
+            self.s.metrics_interval_s,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -555,6 +570,9 @@ class Plugin:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor.join(timeout=2)
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler.join(timeout=5)  # no NVML call may be in flight at nvmlShutdown
         self.nvml.shutdown()
         log.info("stopped")
 

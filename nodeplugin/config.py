@@ -69,6 +69,7 @@ class Settings:
     prestart_timeout_s: float = 25.0
     http_timeout_s: float = 5.0
     metrics_port: int = 0
+    metrics_interval_s: float = 10.0
     gc_interval_s: float = 300.0
     priority_poll_s: float = 0.1
     priority_busy_s: float = 1.0
@@ -317,6 +318,9 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         ),
         http_timeout_s=_float(env, "TESSERA_HTTP_TIMEOUT_S", d.http_timeout_s, 0.1, 60.0),
         metrics_port=_int(env, "TESSERA_METRICS_PORT", d.metrics_port, 0, 65535),
+        metrics_interval_s=_float(
+            env, "TESSERA_METRICS_INTERVAL_S", d.metrics_interval_s, 0.05, 3600.0
+        ),
         gc_interval_s=_float(env, "TESSERA_GC_INTERVAL_S", d.gc_interval_s, 1.0, 86400.0),
         # At most 1 s: a hold's lease is 5 polls, and the shim ignores one over 10 s ahead.
         priority_poll_s=_float(env, "TESSERA_PRIORITY_POLL_S", d.priority_poll_s, 0.01, 1.0),

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ log = logging.getLogger(__name__)
 
 class NvmlError(RuntimeError):
     pass
+
+
+# The per-card figures :meth:`Nvml.figures` reads; "memory" gives used and total at once.
+CARD_FIGURES = ("utilization", "memory", "temperature", "power")
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One NVML per-process utilisation sample (the pid is the host's)."""
+
+    pid: int
+    timestamp_us: int
+    sm_percent: int
 
 
 def _numa_from_sysfs(bus_id: str) -> int | None:
@@ -99,6 +113,54 @@ class Nvml:
             return f"NVML probe failed: {exc}"
         return ""
 
+    def figures(self, uuid: str) -> tuple[dict[str, float], list[str]]:
+        """The card's gauges as NVML reads them now, by figure name (utilization percent,
+        memory used and total bytes, temperature degrees C, power watts), and the names of
+        those NVML could not read: a figure that fails is left out, never made up."""
+        h = self.handles.get(uuid)
+        if h is None:
+            return {}, list(CARD_FIGURES)
+        out: dict[str, float] = {}
+        failed: list[str] = []
+
+        def read(name: str, fn: Callable[[], float]) -> None:
+            try:
+                out[name] = float(fn())
+            except pynvml.NVMLError as exc:
+                failed.append(name)
+                log.debug("card %s: %s cannot be read (%s)", uuid, name, exc)
+
+        read("utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        try:
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        except pynvml.NVMLError as exc:
+            failed.append("memory")
+            log.debug("card %s: memory cannot be read (%s)", uuid, exc)
+        else:
+            out["memory_used"] = float(mem.used)
+            out["memory_total"] = float(mem.total)
+        read("temperature", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+        # NVML answers in milliwatts.
+        read("power", lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        return out, failed
+
+    def process_utilization(self, uuid: str, last_seen_us: int) -> list[ProcessSample]:
+        """Per-process SM utilisation samples newer than ``last_seen_us`` (NVML's CPU timestamp,
+        microseconds). No sample since then is an empty list (NVML's NOT_FOUND: nothing ran);
+        any other failure raises NvmlError."""
+        h = self.handles.get(uuid)
+        if h is None:
+            raise NvmlError(f"card {uuid} has no NVML handle")
+        try:
+            raw = pynvml.nvmlDeviceGetProcessUtilization(h, last_seen_us)
+        except pynvml.NVMLError as exc:
+            # pynvml raises on every answer to its sizing call but INSUFFICIENT_SIZE, so a
+            # driver that says SUCCESS there (no process at all) arrives here as code 0.
+            if exc.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return []
+            raise NvmlError(f"nvmlDeviceGetProcessUtilization on {uuid}: {exc}") from None
+        return [ProcessSample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw]
+
 
 class HealthMonitor(threading.Thread):
     """Watches XID events and probes; calls ``on_change(uuid, Health)`` when a card flips."""
@@ -124,6 +186,10 @@ class HealthMonitor(threading.Thread):
         self.wait_ms = wait_ms
         self.health: dict[str, Health] = {u: Health(True) for u in self.uuids}
         self.quiet_until: dict[str, float] = {}
+        # XIDs per card, ignored ones too (metrics), for the cards whose XID events NVML
+        # delivers: a card without them has no count rather than a zero. Only this thread
+        # writes it.
+        self.xids: dict[str, int] = {}
         self._stop_flag = threading.Event()
 
     def stop(self) -> None:
@@ -149,11 +215,13 @@ class HealthMonitor(threading.Thread):
                 pynvml.nvmlDeviceRegisterEvents(
                     self.nvml.handles[uuid], pynvml.nvmlEventTypeXidCriticalError, es
                 )
+                self.xids.setdefault(uuid, 0)
             except pynvml.NVMLError as exc:
                 log.warning("card %s: XID events unavailable (%s); probes only", uuid, exc)
         return es
 
     def handle_xid(self, uuid: str, xid: int) -> None:
+        self.xids[uuid] = self.xids.get(uuid, 0) + 1
         if xid in self.ignored:
             log.info("card %s: XID %d (application error, ignored)", uuid, xid)
             return

@@ -1,7 +1,7 @@
-"""Per-container GPU usage from the shim's shared regions, as Prometheus metrics.
+"""Per-container GPU usage from the shim's shared regions (for :mod:`nodeplugin.metrics`).
 
 Every container the plugin configured has ``<state>/owners/<name>.json`` (who it is) and a
-region directory ``<region dir>/<name>/`` where the shim keeps its region file. A scrape reads
+region directory ``<region dir>/<name>/`` where the shim keeps its region file. A sample reads
 each region once through :mod:`nodeplugin.shared_region` (the shim engineer's ctypes mirror).
 A region that is missing (no CUDA process yet), truncated or garbage is reported as such and
 logged once per name and problem; it never stops the scrape or the plugin.
@@ -10,15 +10,9 @@ logged once per name and problem; it never stops the scrape or the plugin.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from nodeplugin.cards import Card, Health
 from nodeplugin.edits import REGION_FILE
 from nodeplugin.owners import Owner, owners
 from nodeplugin.shared_region import RegionError, RegionSnapshot, read_region
@@ -43,16 +37,12 @@ def read_usage(owner: Owner, region_dir: Path) -> ContainerUsage:
         return ContainerUsage(owner, None, f"region file {path} is unusable: {exc}")
 
 
-class UsageCollector(Collector):
-    def __init__(
-        self,
-        state_dir: Path,
-        region_dir: Path,
-        cards: Callable[[], Iterable[tuple[Card, Health]]],
-    ) -> None:
+class UsageReader:
+    """Reads every configured container's region; logs a bad one once per name and problem."""
+
+    def __init__(self, state_dir: Path, region_dir: Path) -> None:
         self.state_dir = state_dir
         self.region_dir = region_dir
-        self.cards = cards
         self._logged: set[tuple[str, str]] = set()
 
     def snapshot(self) -> list[ContainerUsage]:
@@ -69,54 +59,3 @@ class UsageCollector(Collector):
                     u.error,
                 )
         return result
-
-    def collect(self) -> Iterator[Metric]:
-        labels = ["namespace", "pod", "container", "uuid", "ordinal"]
-        used = GaugeMetricFamily(
-            "tessera_container_gpu_memory_used_bytes",
-            "Device memory a container's processes hold on a card (from the shim's region)",
-            labels=labels,
-        )
-        limit = GaugeMetricFamily(
-            "tessera_container_gpu_memory_limit_bytes",
-            "The container's memory limit on a card (0 = none)",
-            labels=labels,
-        )
-        held = GaugeMetricFamily(
-            "tessera_container_gpu_launches_held",
-            "1 while the container's kernel launches on a card are held for a higher-priority "
-            "container on it (task priority; containers with a priority only)",
-            labels=labels,
-        )
-        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        bad = GaugeMetricFamily(
-            "tessera_container_region_unreadable",
-            "1 when the container's shared region exists but is truncated or garbage",
-            labels=["namespace", "pod", "container"],
-        )
-        for u in self.snapshot():
-            o = u.owner
-            unreadable = u.error not in ("", "absent")
-            bad.add_metric([o.namespace, o.pod, o.container], 1.0 if unreadable else 0.0)
-            if u.snapshot is None:
-                continue
-            holding = u.snapshot.hold_mask if u.snapshot.hold_until_ns > now else 0
-            for i, uuid in enumerate(o.uuids):
-                values = [o.namespace, o.pod, o.container, uuid, str(i)]
-                if o.priority is not None:
-                    held.add_metric(values, float(holding >> i & 1))
-                dev = u.snapshot.device(i)
-                if dev is None:
-                    continue
-                used.add_metric(values, float(dev.used_bytes))
-                limit.add_metric(values, float(dev.limit_bytes))
-        healthy = GaugeMetricFamily(
-            "tessera_card_healthy",
-            "1 when the card is advertised as healthy",
-            labels=["uuid", "index", "reason"],
-        )
-        for card, health in self.cards():
-            healthy.add_metric(
-                [card.uuid, str(card.index), health.reason], 1.0 if health.healthy else 0.0
-            )
-        yield from (used, limit, held, bad, healthy)

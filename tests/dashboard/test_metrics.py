@@ -153,27 +153,6 @@ def test_multiprocess_registry_is_used_when_configured(monkeypatch: Any, tmp_pat
     assert instruments.process_registry() is prometheus_client.REGISTRY
 
 
-def test_grafana_dashboard_uses_only_exported_metrics(cluster: None) -> None:
-    import json
-    import re
-    from pathlib import Path
-
-    instruments.EXTENDER_LATENCY.labels(verb="bind").observe(0.1)
-    instruments.BIND_OUTCOMES.labels(outcome="bound").inc()
-    text = token_client("prom", Role.VIEWER).get("/metrics").content.decode()
-    exported = {name for name, _ in samples(text)}
-    path = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tessera-dashboard.json"
-    dashboard = json.loads(path.read_text())
-    used = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"tessera_[a-z_]+", target["expr"])
-    }
-    assert used, "the dashboard queries no Tessera metric"
-    assert used <= exported, used - exported
-
-
 def test_cards_by_mode_and_draining(cluster: None) -> None:
     from controlplane.ledger.services import modes
 

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import time
+import urllib.request
 import uuid as uuidlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.nodeplugin.harness.controlplane import FakeControlPlane, record
 from tests.nodeplugin.harness.kubelet import Container, Pod
 from tests.nodeplugin.harness.plugin import NODE
+from tests.shim.test_shared_region import blank_region
 
 Slice = tuple[str, int, int]  # card uuid, memory MiB, cores %
+Scrape = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> (labels, value)
 
 
 def bind_pod(
@@ -72,3 +81,54 @@ def expected_env(slices: list[Slice]) -> dict[str, str]:
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> Scrape:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: Scrape = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+async def scrape_when(port: int, ready: Callable[[Scrape], bool], timeout: float = 5.0) -> Scrape:
+    """The first scrape ``ready`` accepts: the plugin samples in a thread, so what a test just
+    wrote shows after the next sample, not at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = await asyncio.to_thread(scrape, port)
+        if ready(m):
+            return m
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the metrics never became what the test waits for: {m}")
+        await asyncio.sleep(0.05)
+
+
+def region_bytes(
+    limit_mib: int,
+    used: int,
+    *,
+    core_pct: int = 0,
+    pid: int = 7,
+    start_time: int = 0,
+    launches: int = 0,
+) -> bytes:
+    """A version 2 region as the shim writes it: device 0 limited to ``limit_mib`` and
+    ``core_pct``, one process (``pid`` inside the container) holding ``used`` bytes on it."""
+    r = blank_region()
+    r.hdr.proc_hwm = 1
+    r.dev[0].mem_limit_bytes = limit_mib << 20
+    r.dev[0].core_limit_pct = core_pct
+    r.dev[0].launches = launches
+    r.proc[0].pid = pid
+    r.proc[0].start_time = start_time
+    r.proc[0].used[0] = used
+    return bytes(r)

@@ -71,6 +71,8 @@ def test_overrides() -> None:
         # a poll over 1 s would give leases longer than the shim honours (10 s)
         ({"TESSERA_PRIORITY_POLL_S": "2"}, "TESSERA_PRIORITY_POLL_S=2.0 is out of range"),
         ({"TESSERA_PRIORITY_BUSY_S": "soon"}, "TESSERA_PRIORITY_BUSY_S='soon' is not a number"),
+        ({"TESSERA_METRICS_INTERVAL_S": "10s"}, "TESSERA_METRICS_INTERVAL_S='10s' is not a number"),
+        ({"TESSERA_METRICS_INTERVAL_S": "0"}, "TESSERA_METRICS_INTERVAL_S=0.0 is out of range"),
     ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:

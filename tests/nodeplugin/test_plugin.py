@@ -22,6 +22,9 @@ from tests.nodeplugin.helpers import (
     cdi_name,
     cdi_spec,
     expected_env,
+    free_port,
+    region_bytes,
+    scrape_when,
     spec_env,
     spec_nodes,
 )
@@ -583,49 +586,8 @@ def test_host_path_mode_without_cdi(short_tmp: Path) -> None:
     run(main)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
-    return out
-
-
-def _region_bytes(limit_mib: int, used: int) -> bytes:
-    import ctypes
-
-    from nodeplugin import shared_region as sr
-
-    r = sr.Region()
-    r.hdr.magic = sr.REGION_MAGIC
-    r.hdr.version = sr.REGION_VERSION
-    r.hdr.header_size = ctypes.sizeof(sr.RegionHeader)
-    r.hdr.region_size = sr.REGION_SIZE
-    r.hdr.max_devices = sr.MAX_DEVICES
-    r.hdr.max_procs = sr.MAX_PROCS
-    r.hdr.proc_hwm = 1
-    r.dev[0].mem_limit_bytes = limit_mib << 20
-    r.proc[0].pid = 7
-    r.proc[0].used[0] = used
-    return bytes(r)
-
-
 def test_usage_metrics_survive_bad_region_files(short_tmp: Path) -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main() -> None:
         async with fake_node(short_tmp, TESSERA_METRICS_PORT=str(port)) as node:
@@ -637,9 +599,9 @@ def test_usage_metrics_survive_bad_region_files(short_tmp: Path) -> None:
             name = cdi_name(pod, "app").partition("=")[2]
             region = node.plugin.region_dir / name / "region"
             assert region.parent.is_dir()
-            region.write_bytes(_region_bytes(2048, 123 << 20))
+            region.write_bytes(region_bytes(2048, 123 << 20))
             who = {"namespace": "team-a", "pod": "metered", "container": "app"}
-            m = await asyncio.to_thread(_scrape, port)
+            m = await scrape_when(port, lambda m: "tessera_container_gpu_memory_used_bytes" in m)
             assert m["tessera_container_gpu_memory_used_bytes"] == [
                 ({**who, "uuid": u[0], "ordinal": "0"}, float(123 << 20))
             ]
@@ -647,16 +609,20 @@ def test_usage_metrics_survive_bad_region_files(short_tmp: Path) -> None:
                 ({**who, "uuid": u[0], "ordinal": "0"}, float(2048 << 20))
             ]
             assert m["tessera_container_region_unreadable"] == [(who, 0.0)]
-            for bad in (_region_bytes(2048, 1)[:100], b"\x00garbage" * 50):
+            bad_files = [
+                (region_bytes(2048, 1)[:100], "region is 100 bytes"),
+                (b"\x00garbage" * 50, "bad magic"),
+            ]
+            for bad, problem in bad_files:
                 region.write_bytes(bad)
-                m = await asyncio.to_thread(_scrape, port)
-                assert m["tessera_container_region_unreadable"] == [(who, 1.0)]
+                await eventually(lambda p=problem: p in node.plugin.text(), what=problem)
+                m = await scrape_when(
+                    port, lambda m: m["tessera_container_region_unreadable"] == [(who, 1.0)]
+                )
                 assert "tessera_container_gpu_memory_used_bytes" not in m
                 assert ({"uuid": u[0], "index": "0", "reason": ""}, 1.0) in m[
                     "tessera_card_healthy"
                 ]
-            log = node.plugin.text()
-            assert "region is 100 bytes" in log and "bad magic" in log
             # and the plugin still serves
             pod2, _ = bind_pod(plane, "next", [("app", False, [(u[1], 100, 0)])])
             await k.admit(pod2)
@@ -673,7 +639,7 @@ def test_task_priority_monitor_holds_and_releases_per_card(short_tmp: Path) -> N
 
     from nodeplugin import shared_region as sr
 
-    port = _free_port()
+    port = free_port()
     launches_at = ctypes.sizeof(sr.RegionHeader) + sr.RegionDevice.launches.offset  # device 0
 
     async def main() -> None:
@@ -706,7 +672,7 @@ def test_task_priority_monitor_holds_and_releases_per_card(short_tmp: Path) -> N
                 regions[name] = (
                     node.plugin.region_dir / cdi_name(pod, "app").partition("=")[2] / "region"
                 )
-                regions[name].write_bytes(_region_bytes(1000, 0))  # as a version 2 shim makes it
+                regions[name].write_bytes(region_bytes(1000, 0))  # as a version 2 shim makes it
 
             def hold(name: str) -> int:
                 return sr.read_region(regions[name]).hold_mask
@@ -726,9 +692,12 @@ def test_task_priority_monitor_holds_and_releases_per_card(short_tmp: Path) -> N
             await eventually(lambda: hold("lo") == 1, timeout=3, what="the low-priority hold")
             now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             assert sr.read_region(regions["lo"]).hold_until_ns > now
-            m = await asyncio.to_thread(_scrape, port)
-            held = {s["pod"]: v for s, v in m["tessera_container_gpu_launches_held"]}
-            assert held == {"hi": 0.0, "lo": 1.0, "elsewhere": 0.0}
+
+            def held(m: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
+                return {s["pod"]: v for s, v in m.get("tessera_container_gpu_launches_held", [])}
+
+            m = await scrape_when(port, lambda m: held(m).get("lo") == 1.0)
+            assert held(m) == {"hi": 0.0, "lo": 1.0, "elsewhere": 0.0}
             for _ in range(10):  # it stays held while the high one is busy; the others never are
                 await asyncio.sleep(0.05)
                 assert (hold("lo"), hold("hi"), hold("elsewhere"), hold("plain")) == (1, 0, 0, 0)

@@ -12,6 +12,13 @@
  *                      mig_reset_required  exists -> nvmlDeviceSetMigMode leaves the new mode
  *                                    pending until the test "resets" the card (edits mig/<uuid>)
  *                      busy/<mig device uuid>  exists -> destroying that instance is IN_USE
+ *                      figures/<uuid>  lines "<key> <value>": what the card's gauges read,
+ *                                    keys util (GPU %), mem_util (memory %), temp (C),
+ *                                    power_mw, mem_used_mib; a key not given reads 0
+ *                      procs/<uuid>  lines "<host pid> <sm %> <mem %>": the card's
+ *                                    per-process utilisation samples (none -> NOT_FOUND)
+ *                      fail/<uuid>.<call>  exists -> that query on that card fails with
+ *                                    UNKNOWN; <call> is util, temp, power, memory or procs
  *
  * MIG (a card whose line has a 7th field "mig"): one geometry, A100/H100 80GB's: 7 compute
  * slices, 8 memory slices, the profiles and placements of NVIDIA's MIG user guide. Its state
@@ -54,6 +61,12 @@ struct card {
 typedef struct card *nvmlDevice_t;
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU time of the sample, microseconds */
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
@@ -226,13 +239,122 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
     return r;
 }
 
+/* The test's failure switch for one query on one card: fail/<uuid>.<call>. */
+static nvmlReturn_t check_call(nvmlDevice_t d, const char *call)
+{
+    char rel[200];
+    nvmlReturn_t r = check(d);
+    if (r != OK)
+        return r;
+    snprintf(rel, sizeof rel, "fail/%s.%s", d->uuid, call);
+    return exists(rel) ? E_UNKNOWN : OK;
+}
+
+/* The value of <key> in figures/<uuid>; 0 when the file or the key is absent. */
+static unsigned long long figure(nvmlDevice_t d, const char *key)
+{
+    char rel[160], buf[512], line[128], name[32];
+    unsigned long long value, found = 0;
+    const char *p;
+    FILE *f;
+    snprintf(rel, sizeof rel, "figures/%s", d->uuid);
+    if ((p = state_path(rel, buf, sizeof buf)) == NULL || (f = fopen(p, "r")) == NULL)
+        return 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "%31s %llu", name, &value) == 2 && strcmp(name, key) == 0)
+            found = value;
+    fclose(f);
+    return found;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
-    nvmlReturn_t r = check(d);
+    nvmlReturn_t r = check_call(d, "memory");
     if (r != OK) return r;
     m->total = d->memory_mib << 20;
-    m->used = 0;
-    m->free = m->total;
+    m->used = figure(d, "mem_used_mib") << 20;
+    if (m->used > m->total)
+        m->used = m->total;
+    m->free = m->total - m->used;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
+{
+    nvmlReturn_t r = check_call(d, "util");
+    if (r != OK) return r;
+    if (u == NULL) return E_INVALID;
+    u->gpu = (unsigned int)figure(d, "util");
+    u->memory = (unsigned int)figure(d, "mem_util");
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *temp)
+{
+    nvmlReturn_t r = check_call(d, "temp");
+    if (r != OK) return r;
+    if (sensor != 0 || temp == NULL) return E_INVALID; /* only NVML_TEMPERATURE_GPU exists */
+    *temp = (unsigned int)figure(d, "temp");
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *milliwatts)
+{
+    nvmlReturn_t r = check_call(d, "power");
+    if (r != OK) return r;
+    if (milliwatts == NULL) return E_INVALID;
+    *milliwatts = (unsigned int)figure(d, "power_mw");
+    return OK;
+}
+
+/* As NVML: a NULL buffer asks for the count (INSUFFICIENT_SIZE with the count), no sample
+   newer than last_seen is NOT_FOUND. Every sample carries the time of the call, so a caller
+   that passes back the newest time it saw gets nothing new within the same microsecond. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *out,
+                                             unsigned int *count, unsigned long long last_seen)
+{
+    char rel[160], buf[512], line[128];
+    unsigned int pid, sm, mem, n = 0;
+    struct timespec now;
+    unsigned long long stamp;
+    const char *p;
+    FILE *f;
+    nvmlReturn_t r = check_call(d, "procs");
+    if (r != OK) return r;
+    if (count == NULL) return E_INVALID;
+    clock_gettime(CLOCK_REALTIME, &now);
+    stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+    if (stamp <= last_seen) {
+        *count = 0;
+        return E_NOT_FOUND;
+    }
+    snprintf(rel, sizeof rel, "procs/%s", d->uuid);
+    if ((p = state_path(rel, buf, sizeof buf)) == NULL || (f = fopen(p, "r")) == NULL) {
+        *count = 0;
+        return E_NOT_FOUND;
+    }
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "%u %u %u", &pid, &sm, &mem) != 3)
+            continue;
+        if (out != NULL && n < *count) {
+            memset(&out[n], 0, sizeof out[n]);
+            out[n].pid = pid;
+            out[n].timeStamp = stamp;
+            out[n].smUtil = sm;
+            out[n].memUtil = mem;
+        }
+        n++;
+    }
+    fclose(f);
+    if (n == 0) {
+        *count = 0;
+        return E_NOT_FOUND;
+    }
+    if (out == NULL || n > *count) {
+        *count = n;
+        return E_INSUFFICIENT;
+    }
+    *count = n;
     return OK;
 }
 

@@ -170,6 +170,35 @@ class GpuNode:
             f.flush()
             os.fsync(f.fileno())
 
+    def set_figures(self, uuid: str, **values: int) -> None:
+        """What the card's gauges read (fake_nvml.c: util, mem_util, temp, power_mw,
+        mem_used_mib); the file is replaced whole, so a reader never sees half of it."""
+        self._replace(
+            self.state / "figures" / uuid, "".join(f"{k} {v}\n" for k, v in values.items())
+        )
+
+    def set_processes(self, uuid: str, samples: list[tuple[int, int, int]]) -> None:
+        """The card's per-process utilisation samples: (host pid, SM %, memory %)."""
+        self._replace(
+            self.state / "procs" / uuid, "".join(f"{p} {sm} {mem}\n" for p, sm, mem in samples)
+        )
+
+    def fail(self, uuid: str, call: str, on: bool = True) -> None:
+        """Make one query (util, temp, power, memory or procs) on one card fail."""
+        flag = self.state / "fail" / f"{uuid}.{call}"
+        flag.parent.mkdir(exist_ok=True)
+        if on:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    @staticmethod
+    def _replace(path: Path, text: str) -> None:
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
     def lose(self, uuid: str) -> None:
         (self.state / "lost" / uuid).touch()
 

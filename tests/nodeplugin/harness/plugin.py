@@ -68,6 +68,7 @@ class PluginProcess:
             "TESSERA_PRESTART_TIMEOUT_S": "3",
             "TESSERA_HTTP_TIMEOUT_S": "1",
             "TESSERA_LOG_LEVEL": "debug",
+            "TESSERA_METRICS_INTERVAL_S": "0.05",
             **extra,
         }
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
