@@ -58,6 +58,9 @@ def preempt_nodes(cluster: Any, core: Any, kube: Any, tessera: objects.Tessera) 
         )  # fmt: skip
 
     objects.wait_for(ready, timeout=60, what="kwok to report the preemption nodes Ready")
+    # Let the extender's snapshot see the new nodes: a pod filtered before would find one "not
+    # registered with Tessera", which kube-scheduler does not retry until some later event.
+    time.sleep(1.5)
 
 
 def _pod(name: str, mem: int, priority_class: str, **spec: Any) -> dict[str, Any]:
