@@ -229,8 +229,11 @@ def test_the_kit_passes_on_the_fake_driver(tmp_path: Path) -> None:
     fill = checks["out of memory at the slice (cuMemAlloc)"]["data"]
     assert fill["oom"] and fill["allocated"] + 300 * MiB <= body["slice_mib"] * MiB
     assert fill["host_nvml_used"] == fill["allocated"] + 300 * MiB
+    # The check's PASS is about the ratio; each container must also be held near its own cap
+    # (both held at half their share would keep the ratio).
     share = checks["two containers at 30 % and 60 % share one card"]["data"]
-    assert 1.5 <= share["b"] / share["a"] <= 2.7
+    assert 0.20 <= share["a"] / share["unlimited"] <= 0.40, share
+    assert 0.50 <= share["b"] / share["unlimited"] <= 0.70, share
     assert (tmp_path / "logs").is_dir() and any((tmp_path / "logs").iterdir())
 
 
