@@ -66,8 +66,14 @@ class Outcome:
     kind: str
     message: str
     node: str = ""
-    victims: tuple[str, ...] = ()
+    pods: tuple[Candidate, ...] = ()  # the victims, as chosen
     until: str = ""
+    grace_s: int = 0  # the victims' longest termination grace period
+
+    @property
+    def victims(self) -> tuple[str, ...]:
+        """The victims as namespace/name."""
+        return tuple(p.key for p in self.pods)
 
 
 @dataclass(slots=True)
@@ -197,7 +203,8 @@ def preempt(request: PodRequest, node_names: Sequence[str], kube: Kube) -> Outco
     if not isinstance(placed, tuple):
         return Outcome("none", f"{who} no longer fits on {best.node} after preemption")
     victims = tuple(p.key for p in best.pods)
-    deadline = timezone.now() + timedelta(seconds=_grace(kube, best.pods) + HOLD_S)
+    grace = _grace(kube, best.pods)
+    deadline = timezone.now() + timedelta(seconds=grace + HOLD_S)
     nominations.nominate(
         pod_uid=request.uid, namespace=request.namespace, name=request.name,
         node_name=best.node, priority=request.pod_priority,
@@ -224,20 +231,15 @@ def preempt(request: PodRequest, node_names: Sequence[str], kube: Kube) -> Outco
         )
     except KubeError as exc:  # the hold stands: kube-scheduler finds the room when it retries
         log.warning("preemption for %s: setting nominatedNodeName failed: %s", who, exc.message)
-    return Outcome("nominated", message, best.node, victims, until)
+    return Outcome("nominated", message, best.node, best.pods, until, grace)
 
 
 def finish(request: PodRequest, outcome: Outcome, kube: Kube, *, sleep: Callable[[float], None]
            = time.sleep) -> bool:  # fmt: skip
     """Step 4: wait for the victims to be gone (until the hold's deadline), release their
     slices, and touch the pod. False when the victims outlived the hold."""
-    victims = [
-        p
-        for _, pods in preemption.nodes_with_pods([outcome.node]).values()
-        for p in pods
-        if p.key in outcome.victims
-    ]
-    deadline = time.monotonic() + HOLD_S + max(DEFAULT_GRACE_S, _grace(kube, victims))
+    victims = outcome.pods
+    deadline = time.monotonic() + HOLD_S + max(DEFAULT_GRACE_S, outcome.grace_s)
     waiting = list(victims)
     while waiting and time.monotonic() < deadline:
         waiting = [v for v in waiting if not _gone(kube, v)]
