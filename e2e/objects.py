@@ -187,6 +187,30 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, every: 
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def wait_running(core: Any, namespace: str, name: str, timeout: float = 60) -> Any:
+    """The pod once it is Running (a kubernetes client V1Pod); on a timeout the failure names
+    where it got stuck (its PodScheduled conditions while it has no node)."""
+    stuck: list[str] = []
+
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase == "Running":
+            return pod
+        stuck[:] = (
+            []
+            if pod.spec.node_name
+            else [
+                f"{c.type}={c.status} {c.reason}: {c.message}" for c in pod.status.conditions or []
+            ]
+        )
+        return None  # a list of conditions must not count as "running"
+
+    try:
+        return wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; conditions: {stuck}") from None
+
+
 class Tessera:
     """The control plane's REST API, as seen from outside (tokens, no Django imports)."""
 

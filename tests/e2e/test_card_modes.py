@@ -79,14 +79,6 @@ def modes_node(cluster: Cluster, core: Any, tessera: objects.Tessera) -> objects
     return node_api
 
 
-def _running(core: Any, namespace: str, name: str, timeout: float = 90) -> Any:
-    def running() -> Any:
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase == "Running" else None
-
-    return objects.wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run")
-
-
 def _device(pod: Any) -> dict[str, Any]:
     record = json.loads((pod.metadata.annotations or {})[ALLOCATION])
     [container] = record["containers"]
@@ -117,13 +109,13 @@ def test_each_mode_takes_only_its_own_pods(
     core.create_namespaced_pod(namespace, _pod("mig", mode="mig", gpumem=8000))
     core.create_namespaced_pod(namespace, _pod("mps", mode="mps", gpumem=4000, gpucores=25))
 
-    plain = _device(_running(core, namespace, "plain"))
+    plain = _device(objects.wait_running(core, namespace, "plain", timeout=90))
     assert plain["uuid"] == _card(0) and "mode" not in plain, plain
 
-    mig = _device(_running(core, namespace, "mig"))
+    mig = _device(objects.wait_running(core, namespace, "mig", timeout=90))
     assert (mig["uuid"], mig["mode"], mig["mig"]["profile"]) == (_card(1), "mig", "1g.10gb"), mig
 
-    mps = _device(_running(core, namespace, "mps"))
+    mps = _device(objects.wait_running(core, namespace, "mps", timeout=90))
     assert (mps["uuid"], mps["mode"], mps["memory_mib"], mps["cores"]) == (
         _card(2),
         "mps",
@@ -135,7 +127,7 @@ def test_each_mode_takes_only_its_own_pods(
     # left for it.
     # No memory size: the whole card's (HAMi's default), and all of its compute.
     core.create_namespaced_pod(namespace, _pod("whole", gpucores=100))
-    whole = _device(_running(core, namespace, "whole"))
+    whole = _device(objects.wait_running(core, namespace, "whole", timeout=90))
     assert (whole["uuid"], whole["mode"]) == (_card(3), "exclusive"), whole
 
 
@@ -158,7 +150,7 @@ def test_mig_instances_never_overlap_and_a_full_card_says_why(
     for name in names:
         core.create_namespaced_pod(namespace, _pod(name, mode="mig", gpumem=9000))
     for name in names:
-        _running(core, namespace, name)
+        objects.wait_running(core, namespace, name, timeout=90)
     placements = _mig_placements(core)
     assert len(placements) == MIG_1G_10GB_PLACEMENTS, placements
     for (a, size), (b, _) in itertools.pairwise(placements):
@@ -175,7 +167,7 @@ def test_a_mode_change_waits_for_the_card_to_drain(
 ) -> None:
     card = _card(2)
     core.create_namespaced_pod(namespace, _pod("holder", mode="mps", gpumem=2000, gpucores=10))
-    assert _device(_running(core, namespace, "holder"))["uuid"] == card
+    assert _device(objects.wait_running(core, namespace, "holder", timeout=90))["uuid"] == card
 
     asked = tessera.post(f"/api/v1/cards/{card}/mode", {"mode": "shared", "reason": "e2e drain"})
     assert asked.status_code == 200, asked.text

@@ -190,14 +190,6 @@ def test_the_webhook_process_manages_only_the_charts_names(
     assert {"op": "add", "path": "/spec/schedulerName", "value": cluster.scheduler_name} in patch
 
 
-def _running(core: Any, namespace: str, name: str) -> Any:
-    def running() -> Any:
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase == "Running" else None
-
-    return objects.wait_for(running, timeout=60, what=f"pod {namespace}/{name} to run")
-
-
 def test_a_pod_asking_for_nvidia_gpu_is_left_to_the_default_scheduler(
     cluster: Cluster, core: Any, namespace: str, tessera: objects.Tessera
 ) -> None:
@@ -209,14 +201,14 @@ def test_a_pod_asking_for_nvidia_gpu_is_left_to_the_default_scheduler(
     core.create_namespaced_pod(namespace, objects.gpu_pod("whole-card", pool=pool, names=default))
     core.create_namespaced_pod(namespace, objects.gpu_pod("slice", gpumem=1000))
 
-    theirs = _running(core, namespace, "whole-card")
+    theirs = objects.wait_running(core, namespace, "whole-card")
     assert theirs.spec.scheduler_name == "default-scheduler"  # the webhook let it by
     assert theirs.spec.node_name == node
     assert ALLOCATION not in (theirs.metadata.annotations or {})
     assert tessera.allocation(namespace, "whole-card").status_code == 404
     assert tessera.why(namespace, "whole-card").status_code == 404  # never asked to place it
 
-    ours = _running(core, namespace, "slice")
+    ours = objects.wait_running(core, namespace, "slice")
     assert ours.spec.scheduler_name == cluster.scheduler_name
     assert ours.spec.node_name != node
     record = json.loads(ours.metadata.annotations[ALLOCATION])

@@ -70,21 +70,13 @@ def _pod(name: str, mem: int, priority_class: str, **spec: Any) -> dict[str, Any
     return pod
 
 
-def _running(core: Any, namespace: str, name: str, timeout: float = 60) -> Any:
-    def running() -> Any:
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase == "Running" else None
-
-    return objects.wait_for(running, timeout=timeout, what=f"{namespace}/{name} to run")
-
-
 def _fill(core: Any, namespace: str) -> dict[str, tuple[str, str]]:
     """Four low pods, two per card; name -> (uid, node)."""
     for i in range(4):
         core.create_namespaced_pod(namespace, _pod(f"low-{i}", 40000, LOW))
     placed = {}
     for i in range(4):
-        pod = _running(core, namespace, f"low-{i}")
+        pod = objects.wait_running(core, namespace, f"low-{i}")
         placed[pod.metadata.name] = (pod.metadata.uid, pod.spec.node_name)
     per_node = sorted(n for _, n in placed.values())
     assert per_node == sorted([*NODES, *NODES]), placed
@@ -142,7 +134,7 @@ def test_a_high_priority_pod_evicts_exactly_the_fewest_low_ones(
     try:
         created = time.monotonic()
         core.create_namespaced_pod(namespace, _pod("urgent", 60000, HIGH))
-        urgent = _running(core, namespace, "urgent", timeout=60)
+        urgent = objects.wait_running(core, namespace, "urgent", timeout=60)
         took = time.monotonic() - created
     finally:
         sampler.stop.set()

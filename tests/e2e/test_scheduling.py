@@ -36,28 +36,6 @@ def _pod(core: Any, namespace: str, name: str) -> Any:
     return core.read_namespaced_pod(name, namespace)
 
 
-def _wait_running(core: Any, namespace: str, name: str, timeout: float = 60) -> Any:
-    stuck: list[str] = []  # what the failure message shows: where the pod got stuck
-
-    def running() -> Any:
-        pod = _pod(core, namespace, name)
-        if pod.status.phase == "Running":
-            return pod
-        stuck[:] = (
-            []
-            if pod.spec.node_name
-            else [
-                f"{c.type}={c.status} {c.reason}: {c.message}" for c in pod.status.conditions or []
-            ]
-        )
-        return None  # a list of conditions must not count as "running"
-
-    try:
-        return objects.wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; conditions: {stuck}") from None
-
-
 def _allocation(pod: Any) -> dict[str, Any]:
     annotations = pod.metadata.annotations or {}
     assert ALLOCATION in annotations, f"no {ALLOCATION} on {pod.metadata.name}: {annotations}"
@@ -85,7 +63,7 @@ def test_a_slice_pod_is_admitted_scheduled_bound_and_runs(
     cluster: Cluster,
 ) -> None:
     core.create_namespaced_pod(namespace, objects.gpu_pod("trainer", gpumem=10000, gpucores=30))
-    pod = _wait_running(core, namespace, "trainer")
+    pod = objects.wait_running(core, namespace, "trainer")
 
     # Set by the admission webhook: tessera-scheduler, or the chart's scheduler.name.
     assert pod.spec.scheduler_name == cluster.scheduler_name
@@ -127,7 +105,7 @@ def test_a_slice_pod_is_admitted_scheduled_bound_and_runs(
 
 def test_a_pod_asking_two_slices_gets_two_different_cards(core: Any, namespace: str) -> None:
     core.create_namespaced_pod(namespace, objects.gpu_pod("pair", gpus=2, gpumem=4000))
-    devices = _devices(_allocation(_wait_running(core, namespace, "pair")))
+    devices = _devices(_allocation(objects.wait_running(core, namespace, "pair")))
     assert len(devices) == 2
     assert len({d["uuid"] for d in devices}) == 2
 
@@ -138,7 +116,7 @@ def test_a_pod_that_cannot_fit_stays_pending_and_the_why_answer_names_the_reason
     card = f"GPU-{NODES[0]}-7"
     pin = {"nvidia.com/use-gpuuuid": card}
     core.create_namespaced_pod(namespace, objects.gpu_pod("holder", gpumem=50000, annotations=pin))
-    assert _devices(_allocation(_wait_running(core, namespace, "holder")))[0]["uuid"] == card
+    assert _devices(_allocation(objects.wait_running(core, namespace, "holder")))[0]["uuid"] == card
 
     # The same card has 81920 - 50000 MiB left: a 40000 MiB slice pinned to it must wait.
     core.create_namespaced_pod(namespace, objects.gpu_pod("waiter", gpumem=40000, annotations=pin))
@@ -165,7 +143,7 @@ def test_a_namespace_over_its_quota_is_refused(
 
     cluster.set_quota(namespace, gpus=1)
     core.create_namespaced_pod(namespace, objects.gpu_pod("first", gpumem=2000))
-    _wait_running(core, namespace, "first")
+    objects.wait_running(core, namespace, "first")
 
     try:
         core.create_namespaced_pod(namespace, objects.gpu_pod("second", gpumem=2000))
@@ -263,7 +241,7 @@ def test_deleting_a_pod_frees_its_slices(
     card = f"GPU-{node}-0"
     big = objects.gpu_pod("big", gpumem=70000, pool="release")
     core.create_namespaced_pod(namespace, big)
-    assert _devices(_allocation(_wait_running(core, namespace, "big")))[0]["uuid"] == card
+    assert _devices(_allocation(objects.wait_running(core, namespace, "big")))[0]["uuid"] == card
     core.delete_namespaced_pod("big", namespace, grace_period_seconds=0)
     objects.wait_for(
         lambda: node_api.allocation(namespace, "big").status_code == 404,
@@ -277,6 +255,6 @@ def test_deleting_a_pod_frees_its_slices(
     time.sleep(1.5)
     core.create_namespaced_pod(namespace, objects.gpu_pod("next", gpumem=70000, pool="release"))
     assert (
-        _devices(_allocation(_wait_running(core, namespace, "next", timeout=120)))[0]["uuid"]
+        _devices(_allocation(objects.wait_running(core, namespace, "next", timeout=120)))[0]["uuid"]
         == card
     )
