@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -51,7 +52,8 @@ from nodeplugin.usage import UsageReader
 from nodeplugin.writer import Writer
 
 log = logging.getLogger("nodeplugin")
-MIG_REPORT_RETRY_S = 600.0
+# A part of the inventory report the control plane refused is offered again after this long.
+REFUSED_PART_RETRY_S = 600.0
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -98,6 +100,7 @@ class Plugin:
         self.mig_status: dict[str, MigStatus] = {}
         self.mig_error: dict[str, str] = {}
         self._mig_refused_until = 0.0
+        self._usage_refused_until = 0.0
         self.mps = MpsDaemon(settings.mps_control, settings.state_dir, settings.mps_poll_s)
         self.cp = ControlPlane(
             settings.controlplane_url,
@@ -418,6 +421,35 @@ class Plugin:
         )
         self.monitor.start()
 
+    async def _put_report(self, report: dict[str, object]) -> dict[str, Any]:
+        """Send the inventory report. The node must keep its heartbeat, so a part the control
+        plane refuses by name (one older than card modes refuses `mig`, one older than usage
+        reports `usage`, or a usage figure it finds wrong) is left out, offered again later."""
+        cards = cast(list[dict[str, object]], report["cards"])
+        while True:
+            try:
+                return await self.cp.put_inventory(self.s.node_name, report)
+            except ControlPlaneError as exc:
+                if exc.status != 400:
+                    raise
+                if "usage" in report and "usage" in str(exc):
+                    part = "the containers' usage"
+                    del report["usage"]
+                    self._usage_refused_until = time.monotonic() + REFUSED_PART_RETRY_S
+                elif "mig" in str(exc) and any("mig" in c for c in cards):
+                    part = "the cards' MIG state"
+                    for card in cards:
+                        card.pop("mig", None)
+                    self._mig_refused_until = time.monotonic() + REFUSED_PART_RETRY_S
+                else:
+                    raise
+                log.warning(
+                    "the control plane does not take %s (%s); reporting without it for %.0fs",
+                    part,
+                    exc,
+                    REFUSED_PART_RETRY_S,
+                )
+
     async def report_loop(self) -> None:
         delay = 0.0
         failures = 0
@@ -429,25 +461,11 @@ class Plugin:
             report = cardmod.inventory_report(
                 __version__, self.cards, dict(self.registry.health), mig
             )
+            usage = self.sampler.latest_usage() if self.sampler is not None else None
+            if usage is not None and time.monotonic() >= self._usage_refused_until:
+                report["usage"] = usage
             try:
-                try:
-                    answer = await self.cp.put_inventory(self.s.node_name, report)
-                except ControlPlaneError as exc:
-                    if not (mig and exc.status == 400 and "mig" in str(exc)):
-                        raise
-                    # A control plane older than card modes refuses the key: the node must keep
-                    # its heartbeat, so report without it and offer it again later.
-                    self._mig_refused_until = time.monotonic() + MIG_REPORT_RETRY_S
-                    log.warning(
-                        "the control plane does not take the cards' MIG state (%s); reporting "
-                        "without it for %.0fs",
-                        exc,
-                        MIG_REPORT_RETRY_S,
-                    )
-                    report = cardmod.inventory_report(
-                        __version__, self.cards, dict(self.registry.health)
-                    )
-                    answer = await self.cp.put_inventory(self.s.node_name, report)
+                answer = await self._put_report(report)
                 modes = cardmod.modes_from_answer(answer, self.registry.cards.keys())
                 if modes is not None:
                     await self.apply_modes(modes)
@@ -507,8 +525,8 @@ class Plugin:
                 await asyncio.wait_for(self.stopping.wait(), self.s.priority_poll_s)
 
     def start_metrics(self) -> None:
-        if not self.s.metrics_port:
-            return
+        """The sampler, always: its usage rides on the inventory report; the /metrics endpoint
+        only with a metrics port."""
         monitor = self.monitor
         self.sampler = Sampler(
             self.nvml,
@@ -524,6 +542,9 @@ class Plugin:
             xids=lambda: dict(monitor.xids) if monitor is not None else {},
         )
         self.sampler.start()
+        if not self.s.metrics_port:
+            log.info("usage sampled every %.3gs; no metrics port", self.s.metrics_interval_s)
+            return
         registry = CollectorRegistry()
         registry.register(SampleCollector(self.sampler))
         start_http_server(self.s.metrics_port, registry=registry)

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from nodeplugin.allocation import SHARED
 from nodeplugin.cards import Card, Health
 from nodeplugin.nvml import Nvml, NvmlError, ProcessSample
+from nodeplugin.owners import Owner
 from nodeplugin.usage import ContainerUsage, UsageReader
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,48 @@ def container_compute(
     return out
 
 
+@dataclass(frozen=True)
+class Used:
+    """One container's use of one card in a sample."""
+
+    owner: Owner
+    uuid: str
+    memory_bytes: int
+    compute_percent: float | None  # None: NVML gave no sample of its processes
+
+
+MIB = 1024 * 1024
+
+
+def usage_entries(used: Iterable[Used], cards: Mapping[str, int]) -> list[dict[str, object]]:
+    """The inventory report's `usage` (docs/nodeplugin.md): one entry per container and card of
+    this node (`cards`: UUID -> memory MiB). The region is the container's to write, so its
+    figure is held to the card's memory: a forged one cannot get the report refused. Two records
+    of one container (a restarted container whose old record the collector has not dropped yet)
+    become one entry, the one that holds more memory: the old one's processes are gone."""
+    best: dict[tuple[str, str, str, str], Used] = {}
+    for u in used:
+        if u.uuid not in cards:
+            continue
+        key = (u.owner.namespace, u.owner.pod, u.owner.container, u.uuid)
+        if key not in best or u.memory_bytes > best[key].memory_bytes:
+            best[key] = u
+    return [
+        {
+            "namespace": u.owner.namespace,
+            "pod": u.owner.pod,
+            "container": u.owner.container,
+            "card": u.uuid,
+            # a byte held shows as 1 MiB, not 0
+            "memory_used_mib": min(max(0, -(-u.memory_bytes // MIB)), cards[u.uuid]),
+            "compute_used_percent": None
+            if u.compute_percent is None
+            else max(0, min(100, round(u.compute_percent))),
+        }
+        for u in best.values()
+    ]
+
+
 class Sampler(threading.Thread):
     """Reads NVML and the regions every ``interval_s``; :meth:`latest` is the last result."""
 
@@ -259,6 +302,8 @@ class Sampler(threading.Thread):
         self.read_errors: dict[tuple[str, str], int] = {}
         self.last_seen_us: dict[str, int] = {}
         self._latest: list[Metric] = []
+        self._latest_usage: list[dict[str, object]] | None = None
+        self._sampled_usage: list[dict[str, object]] = []
         self._lock = threading.Lock()
         self._stop_flag = threading.Event()
 
@@ -266,20 +311,29 @@ class Sampler(threading.Thread):
         with self._lock:
             return self._latest
 
+    def latest_usage(self) -> list[dict[str, object]] | None:
+        """The last sample's usage per container and card, as the inventory report's `usage`
+        carries it; None before the first sample and after a failed one (not known)."""
+        with self._lock:
+            return self._latest_usage
+
     def stop(self) -> None:
         self._stop_flag.set()
 
     def run(self) -> None:
         while not self._stop_flag.is_set():
+            usage: list[dict[str, object]] | None
             try:
                 families = self.sample()
+                usage = self._sampled_usage
             except Exception:
                 # The device plugin must outlive a fault in its metrics, and old figures must
                 # not pass for new ones: the scrape is empty until a sample succeeds again.
                 log.exception("metrics sample failed; /metrics is empty until one succeeds")
-                families = []
+                families, usage = [], None
             with self._lock:
                 self._latest = families
+                self._latest_usage = usage
             self._stop_flag.wait(self.interval_s)
 
     def _process_samples(self) -> dict[str, list[ProcessSample]]:
@@ -336,7 +390,9 @@ class Sampler(threading.Thread):
         compute = container_compute(
             usages, processes, lambda pid: host_process(self.proc_root, pid)
         )
-        self._containers(fam, usages, compute)
+        self._sampled_usage = usage_entries(
+            self._containers(fam, usages, compute), {c.uuid: c.memory_mib for c in self.cards}
+        )
         fam["tessera_metrics_sample_seconds"].add_metric([], time.monotonic() - started)
         return list(fam.values())
 
@@ -345,7 +401,9 @@ class Sampler(threading.Thread):
         fam: Mapping[str, GaugeMetricFamily | CounterMetricFamily],
         usages: Iterable[ContainerUsage],
         compute: Mapping[tuple[str, int], float],
-    ) -> None:
+    ) -> list[Used]:
+        """Add the per-container families; what each container uses of each card."""
+        used: list[Used] = []
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for u in usages:
             o = u.owner
@@ -372,6 +430,7 @@ class Sampler(threading.Thread):
                 fam["tessera_container_gpu_memory_used_bytes"].add_metric(
                     values, float(dev.used_bytes)
                 )
+                used.append(Used(o, uuid, dev.used_bytes, compute.get((o.name, i))))
                 fam["tessera_container_gpu_memory_limit_bytes"].add_metric(
                     values, float(dev.limit_bytes)
                 )
@@ -380,6 +439,7 @@ class Sampler(threading.Thread):
                 )
                 if u.snapshot.version >= 2 and o.priority is not None:
                     fam["tessera_container_gpu_launches"].add_metric(values, float(dev.launches))
+        return used
 
 
 class SampleCollector(Collector):

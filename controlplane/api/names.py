@@ -78,3 +78,19 @@ class CardUUIDField(_NameField):
 
     kind = "card"
     max_chars = v.MAX_CARD_UUID
+
+
+@extend_schema_field(_schema(v.POD_NAME_PATTERN, v.MAX_SUBDOMAIN))
+class PodNameField(_NameField):
+    """A pod's name (DNS subdomain)."""
+
+    kind = "pod"
+    max_chars = v.MAX_SUBDOMAIN
+
+
+@extend_schema_field(_schema(v.CONTAINER_PATTERN, v.MAX_LABEL))
+class ContainerNameField(_NameField):
+    """A container's name (DNS label)."""
+
+    kind = "container"
+    max_chars = v.MAX_LABEL

@@ -12,12 +12,18 @@ from controlplane.api.fields import (
     StrictIntegerField,
     StrictSerializer,
 )
-from controlplane.api.names import CardUUIDField
+from controlplane.api.names import (
+    CardUUIDField,
+    ContainerNameField,
+    NamespaceField,
+    PodNameField,
+)
 from controlplane.ledger.models import Card
 from controlplane.ledger.services.nodes import (
     MAX_MIG_INSTANCES,
     MAX_MIG_SLICES,
     CardReport,
+    ContainerUsageReport,
     InventoryReport,
     MigInstanceReport,
     MigReport,
@@ -25,6 +31,9 @@ from controlplane.ledger.services.nodes import (
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
+# Containers x cards one usage report may list: 64 cards of 64 slots each is already more than
+# any node runs; a longer list is broken or forged.
+MAX_USAGE_ENTRIES = 4096
 
 
 class MigInstanceReportSerializer(StrictSerializer):
@@ -101,6 +110,25 @@ class CardReportSerializer(StrictSerializer):
     )
 
 
+class ContainerUsageSerializer(StrictSerializer):
+    """What one container uses of one card now (the shim's region, NVML's process figures)."""
+
+    namespace = NamespaceField()
+    pod = PodNameField()
+    container = ContainerNameField()
+    card = CardUUIDField(help_text="The card's UUID: one of this report's cards.")
+    memory_used_mib = StrictIntegerField(min_value=0, max_value=MAX_CARD_MEMORY_MIB)
+    compute_used_percent = StrictIntegerField(
+        min_value=0,
+        max_value=100,
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="Percent of the card's SM time its processes used in the last sample period; "
+        "null when NVML gives no per-process figure (MIG cards, older drivers).",
+    )
+
+
 class InventoryReportSerializer(StrictSerializer):
     plugin_version = StrictCharField(max_length=64, allow_blank=True)
     cards = CardReportSerializer(
@@ -113,6 +141,37 @@ class InventoryReportSerializer(StrictSerializer):
             "cards only."
         },
     )
+
+    usage = ContainerUsageSerializer(
+        many=True,
+        max_length=MAX_USAGE_ENTRIES,
+        allow_empty=True,
+        required=False,
+        help_text="Optional: what each container uses of each card now (sent by plugins that "
+        "sample it; `kubectl tessera top` shows it). Absent: the last one stands, and goes stale.",
+        error_messages={
+            "max_length": f"At most {MAX_USAGE_ENTRIES} usage entries in one report: no node "
+            "runs that many containers on its cards."
+        },
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        uuids = {c["uuid"] for c in attrs["cards"]}
+        seen: dict[tuple[str, ...], int] = {}
+        for position, u in enumerate(attrs.get("usage") or []):
+            if u["card"] not in uuids:
+                raise serializers.ValidationError(
+                    {f"usage[{position}].card": f"{u['card']!r} is not one of this report's "
+                     "cards: a node reports usage of its own cards only."}
+                )  # fmt: skip
+            key = (u["namespace"], u["pod"], u["container"], u["card"])
+            if key in seen:
+                raise serializers.ValidationError(
+                    {f"usage[{position}]": f"Duplicate entry for {'/'.join(key[:3])} on "
+                     f"{key[3]}: also at usage[{seen[key]}]."}
+                )  # fmt: skip
+            seen[key] = position
+        return attrs
 
     def validate_cards(self, cards: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("uuid", "index"):
@@ -145,6 +204,19 @@ class InventoryReportSerializer(StrictSerializer):
                     mig=_mig(c.get("mig")),
                 )
                 for c in data["cards"]
+            ),
+            usage=None
+            if "usage" not in data
+            else tuple(
+                ContainerUsageReport(
+                    u["namespace"],
+                    u["pod"],
+                    u["container"],
+                    u["card"],
+                    u["memory_used_mib"],
+                    u.get("compute_used_percent"),
+                )
+                for u in data["usage"]
             ),
         )
 

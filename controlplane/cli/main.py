@@ -183,8 +183,8 @@ def top_table(slices: list[dict[str, Any]]) -> str:
             s["container"] + (" (init)" if s.get("init") else ""),
             s["node"],
             s["card"],
-            # used/slice: the control plane records what each slice was given; what a container
-            # uses right now is known to its node only (the node plugin's metrics).
+            # used/slice: what the container uses, as its node plugin last reported it ("-"
+            # while no fresh report names it), against what its slice was given.
             render.used_of(s.get("memory_used_mib"), s.get("memory_mib")),
             render.used_of(s.get("compute_used_percent"), s.get("compute_percent")),
         ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
@@ -887,11 +888,42 @@ def slice_queryset(
 
 
 def slice_dicts(qs: QuerySet[Slice]) -> list[dict[str, Any]]:
-    """Rows of `slice_queryset` as plain dicts (one query)."""
+    """Rows of `slice_queryset` as plain dicts, each active one with what its container uses
+    now where its node's plugin reported that recently (two queries)."""
     names = list(SLICE_API_FIELDS)
-    return [
+    rows = [
         dict(zip(names, row, strict=True)) for row in qs.values_list(*SLICE_API_FIELDS.values())
     ]
+    used = container_usage({r["node"] for r in rows if r["active"]})
+    for r in rows:
+        sample = used.get((r["node"], r["namespace"], r["pod"], r["container"], r["card"]))
+        if not r["active"] or sample is None:
+            sample = {}
+        r["memory_used_mib"] = sample.get("memory_used_mib")
+        r["compute_used_percent"] = sample.get("compute_used_percent")
+        r["used_at"] = sample.get("at")
+    return rows
+
+
+UsageKey = tuple[str, str, str, str, str]  # node, namespace, pod, container, card UUID
+
+
+def container_usage(nodes: set[str]) -> dict[UsageKey, dict[str, Any]]:
+    """What each container uses of each card on `nodes`, from their plugins' latest reports;
+    a report older than a node is allowed to stay silent is left out (figures that old would
+    be read as now)."""
+    if not nodes:
+        return {}
+    cutoff = timezone.now() - timedelta(seconds=settings.TESSERA["NODE_STALE_AFTER_S"])
+    reports = Node.objects.filter(name__in=nodes, usage_at__gte=cutoff).values_list(
+        "name", "usage", "usage_at"
+    )
+    out: dict[UsageKey, dict[str, Any]] = {}
+    for node, entries, at in reports:
+        for e in entries:
+            key = (node, e["namespace"], e["pod"], e["container"], e["card"])
+            out[key] = {**e, "at": at}
+    return out
 
 
 def card_queryset(

@@ -175,6 +175,19 @@ class SliceSerializer(serializers.Serializer):
     memory_mib = serializers.IntegerField()
     compute_percent = serializers.IntegerField()
     active = serializers.BooleanField()
+    memory_used_mib = serializers.IntegerField(
+        allow_null=True,
+        help_text="Device memory the container holds on the card now (the shim's region, as its "
+        "node plugin last reported it); null when not known or the report is stale.",
+    )
+    compute_used_percent = serializers.IntegerField(
+        allow_null=True,
+        help_text="Percent of the card's SM time the container used in the plugin's last sample "
+        "(NVML); null when not known.",
+    )
+    used_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the node plugin reported the two figures above."
+    )
 
 
 class BindingSliceSerializer(serializers.Serializer):

@@ -56,6 +56,11 @@ class Node(Stamped):
     plugin_version = models.CharField(max_length=64, blank=True)
     cordoned = models.BooleanField(default=False, help_text="Operator flag: place nothing new.")
     created_at = models.DateTimeField(auto_now_add=True)
+    # What the node's containers use right now, as its plugin last sampled it (the shim's
+    # regions and NVML): observation for `kubectl tessera top` and the pod page, never read by
+    # scheduling. One list per node, replaced by each heartbeat that carries one.
+    usage = models.JSONField(default=list, blank=True)
+    usage_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -29,7 +29,7 @@ def report(*cards: dict[str, Any], version: str = "0.1.0") -> dict[str, Any]:
 def ledger_state() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     nodes = list(
         Node.objects.order_by("name").values_list(
-            "name", "ready", "last_heartbeat", "plugin_version"
+            "name", "ready", "last_heartbeat", "plugin_version", "usage", "usage_at"
         )
     )
     cards = list(
@@ -117,6 +117,23 @@ def test_revoked_token_is_refused() -> None:
     assert put(client, "gpu-1", report(card_json())).status_code == 401
 
 
+def used(**kw: Any) -> dict[str, Any]:
+    """One container's usage entry on card_json's default card."""
+    return {
+        "namespace": "team-a",
+        "pod": "trainer",
+        "container": "main",
+        "card": card_json()["uuid"],
+        "memory_used_mib": 3000,
+        "compute_used_percent": 40,
+        **kw,
+    }
+
+
+def with_usage(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {**report(card_json()), "usage": list(entries)}
+
+
 BAD_INPUTS: list[tuple[str, Any, str]] = [
     ("malformed-json", '{"plugin_version": "x", "cards": [', "body"),
     ("not-an-object", "[1, 2]", "body"),
@@ -153,6 +170,17 @@ BAD_INPUTS: list[tuple[str, Any, str]] = [
     ("unknown-field", {**report(card_json()), "node": "gpu-1"}, "node"),
     ("unknown-card-field", report(card_json(slots=4)), "cards[0].slots"),
     ("card-not-object", report("GPU-a"), "cards[0]"),
+    ("usage-not-list", {**report(card_json()), "usage": {}}, "usage"),
+    ("usage-other-card", with_usage(used(card="GPU-elsewhere")), "usage[0].card"),
+    ("usage-duplicate", with_usage(used(), used()), "usage[1]"),
+    ("usage-negative", with_usage(used(memory_used_mib=-1)), "usage[0].memory_used_mib"),
+    ("usage-float", with_usage(used(memory_used_mib=1.5)), "usage[0].memory_used_mib"),
+    ("usage-over-100", with_usage(used(compute_used_percent=101)), "usage[0].compute_used_percent"),
+    ("usage-bad-pod", with_usage(used(pod="Not_A_Pod")), "usage[0].pod"),
+    ("usage-bad-namespace", with_usage(used(namespace="a" * 64)), "usage[0].namespace"),
+    ("usage-bad-container", with_usage(used(container="c/d")), "usage[0].container"),
+    ("usage-unknown-key", with_usage(used(pid=7)), "usage[0].pid"),
+    ("usage-too-long", with_usage(*[used(pod=f"p{i}") for i in range(4097)]), "usage"),
 ]
 
 
@@ -331,3 +359,22 @@ def test_a_bad_mig_object_names_the_field_and_changes_nothing(
     assert field in response.json()["fields"], response.json()
     after = ledger_state(), list(Card.objects.values_list("mig_capable", "mig_enabled"))
     assert after == before
+
+
+def test_usage_is_stored_replaced_and_kept_by_a_report_without_it() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    body = with_usage(used(), used(pod="idle", compute_used_percent=None))
+    assert put(client, "gpu-1", body).status_code == 201
+    node = Node.objects.get(name="gpu-1")
+    assert node.usage == [used(), used(pod="idle", compute_used_percent=None)]
+    first_at = node.usage_at
+    assert first_at == node.last_heartbeat
+    # A heartbeat without `usage` (an older plugin, or sampling failed): what is known stays.
+    assert put(client, "gpu-1", report(card_json())).status_code == 200
+    node.refresh_from_db()
+    assert node.usage == [used(), used(pod="idle", compute_used_percent=None)]
+    assert node.usage_at == first_at < node.last_heartbeat
+    # An empty list is news: nothing runs on the cards now.
+    assert put(client, "gpu-1", with_usage()).status_code == 200
+    node.refresh_from_db()
+    assert node.usage == [] and node.usage_at == node.last_heartbeat

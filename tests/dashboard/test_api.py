@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.access.roles import Role
@@ -303,6 +305,33 @@ def test_slices_list_and_filters(cluster: None, viewer: APIClient) -> None:
     assert [(s["pod"], s["node"]) for s in on_card] == [("a2", "n2")]
     assert {s["pod"] for s in results(viewer, "/api/v1/slices/?node=n1")} == {"a1", "b1"}
     assert results(viewer, "/api/v1/slices/?pod=a1")[0]["memory_mib"] == 3000
+
+
+def test_slices_carry_what_their_container_uses_while_the_report_is_fresh(
+    cluster: None, viewer: APIClient, settings: Any
+) -> None:
+    a1 = results(viewer, "/api/v1/slices/?pod=a1")[0]
+    assert (a1["memory_used_mib"], a1["compute_used_percent"], a1["used_at"]) == (None,) * 3
+    reported = timezone.now()
+    entry = {"namespace": "team-a", "pod": "a1", "container": a1["container"], "card": a1["card"]}
+    Node.objects.filter(name="n1").update(
+        usage=[
+            {**entry, "memory_used_mib": 2900, "compute_used_percent": 17},
+            # the same container name in another namespace: not a1's
+            {**entry, "namespace": "team-b", "memory_used_mib": 1, "compute_used_percent": 1},
+        ],
+        usage_at=reported,
+    )
+    a1 = results(viewer, "/api/v1/slices/?pod=a1")[0]
+    assert (a1["memory_used_mib"], a1["compute_used_percent"]) == (2900, 17)
+    assert a1["used_at"] is not None
+    b1 = results(viewer, "/api/v1/slices/?pod=b1")[0]
+    assert b1["memory_used_mib"] is None  # n1's report has nothing of b1's container
+    # A report older than a node may stay silent is not passed off as now.
+    Node.objects.filter(name="n1").update(
+        usage_at=reported - timedelta(seconds=settings.TESSERA["NODE_STALE_AFTER_S"] + 1)
+    )
+    assert results(viewer, "/api/v1/slices/?pod=a1")[0]["memory_used_mib"] is None
 
 
 def test_bindings_list_filters_and_sort(cluster: None, viewer: APIClient) -> None:

@@ -26,7 +26,7 @@ from kubernetes import client
 
 from e2e import objects
 from e2e.cluster import Cluster, HarnessError, build_binaries, free_port
-from tests.e2e.conftest import CARDS_PER_NODE, NODES
+from tests.e2e.conftest import CARD_MEMORY_MIB, CARDS_PER_NODE, NODES
 
 pytestmark = pytest.mark.usefixtures("gpu_nodes")
 
@@ -106,7 +106,11 @@ def test_kubectl_finds_the_plugin(tessera_cli: Any) -> None:
 
 
 def test_inspect_shows_a_bound_pod_under_its_card(
-    tessera_cli: Any, core: Any, namespace: str
+    tessera_cli: Any,
+    core: Any,
+    namespace: str,
+    tessera: objects.Tessera,
+    node_tokens: dict[str, str],
 ) -> None:
     node, card = NODES[2], f"GPU-{NODES[2]}-5"
     pod = objects.gpu_pod("trainer", gpumem=7000, gpucores=20, annotations={PIN: card})
@@ -142,6 +146,16 @@ def test_inspect_shows_a_bound_pod_under_its_card(
     assert "pod: trainer\n" in everyone and f"namespace: {namespace}\n" in everyone
     top = tessera_cli("top", "-n", namespace).ok().splitlines()
     assert top[1].split() == [namespace, "trainer", "app", node, card, "-/7000", "-/20"]
+    # Once the node's plugin reports what the container uses, top shows it against the slice.
+    report = objects.inventory(node, cards=CARDS_PER_NODE, memory_mib=CARD_MEMORY_MIB)
+    report["usage"] = [
+        {"namespace": namespace, "pod": "trainer", "container": "app", "card": card,
+         "memory_used_mib": 5123, "compute_used_percent": 12}
+    ]  # fmt: skip
+    answer = tessera.with_token(node_tokens[node]).report_inventory(node, report)
+    assert answer.status_code == 200, answer.text
+    top = tessera_cli("top", "-n", namespace).ok().splitlines()
+    assert top[1].split() == [namespace, "trainer", "app", node, card, "5123/7000", "12/20"]
 
 
 def test_cordon_and_uncordon_a_card_and_a_node_show_in_inspect(tessera_cli: Any) -> None:

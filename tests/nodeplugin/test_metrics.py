@@ -8,12 +8,21 @@ from pathlib import Path
 from typing import cast
 
 from nodeplugin.cards import Card
-from nodeplugin.metrics import CARD_LABELS, FAMILIES, Sampler, container_compute, host_process
+from nodeplugin.metrics import (
+    CARD_LABELS,
+    FAMILIES,
+    Sampler,
+    Used,
+    container_compute,
+    host_process,
+    usage_entries,
+)
 from nodeplugin.nvml import Nvml, ProcessSample
 from nodeplugin.owners import Owner
 from nodeplugin.shared_region import parse_region
 from nodeplugin.usage import ContainerUsage, UsageReader
-from tests.nodeplugin.conftest import fake_node, run
+from tests.nodeplugin.conftest import Node, eventually, fake_node, run
+from tests.nodeplugin.harness.controlplane import FakeControlPlane
 from tests.nodeplugin.harness.gpu import GpuNode
 from tests.nodeplugin.harness.plugin import NODE
 from tests.nodeplugin.helpers import (
@@ -180,6 +189,19 @@ def test_an_nvml_error_drops_that_series_and_counts_it(short_tmp: Path) -> None:
     run(main)
 
 
+async def start_pods(node: Node, placed: dict[str, tuple[str, int, int, int, int]]) -> None:
+    """Pod name -> (card, memory MiB, compute %, bytes its region says used, start time): bound,
+    admitted and started with one container `main`, whose region (pid 7) says so."""
+    for pod_name, (uuid, mem, cores, used, start) in placed.items():
+        pod, _ = bind_pod(node.plane, pod_name, [("main", False, [(uuid, mem, cores)])])
+        await node.kubelet.admit(pod)
+        await node.kubelet.start_container(pod, "main")
+        region = node.plugin.region_dir / cdi_name(pod, "main").partition("=")[2]
+        (region / "region").write_bytes(
+            region_bytes(mem, used, core_pct=cores, pid=7, start_time=start)
+        )
+
+
 def test_container_memory_and_compute_carry_the_right_pod(short_tmp: Path) -> None:
     """Two containers on one card whose processes have the same pid inside their containers:
     NVML's host pids map to each by pid and start time; a sample of a process no container
@@ -190,21 +212,13 @@ def test_container_memory_and_compute_carry_the_right_pod(short_tmp: Path) -> No
         async with fake_node(
             short_tmp, TESSERA_METRICS_PORT=str(port), TESSERA_PROC_ROOT=str(short_tmp / "proc")
         ) as node:
-            k, plane, gpu = node.kubelet, node.plane, node.gpu
-            u = node.uuids
+            gpu, u = node.gpu, node.uuids
             placed = {
                 "train": (u[0], 4096, 60, 3000 << 20, 1000),
                 "serve": (u[0], 2048, 30, 500 << 20, 2000),
                 "batch": (u[1], 1024, 50, 100 << 20, 3000),
             }
-            for pod_name, (uuid, mem, cores, used, start) in placed.items():
-                pod, _ = bind_pod(plane, pod_name, [("main", False, [(uuid, mem, cores)])])
-                await k.admit(pod)
-                await k.start_container(pod, "main")
-                region = node.plugin.region_dir / cdi_name(pod, "main").partition("=")[2]
-                (region / "region").write_bytes(
-                    region_bytes(mem, used, core_pct=cores, pid=7, start_time=start)
-                )
+            await start_pods(node, placed)
             fake_process(gpu, 4101, 7, 1000)
             fake_process(gpu, 4102, 7, 2000)
             fake_process(gpu, 4103, 7, 9999)  # a process of no Tessera container
@@ -339,3 +353,87 @@ def test_a_failed_sample_empties_the_scrape_instead_of_serving_old_figures(
     finally:
         sampler.stop()
         sampler.join(5)
+
+
+def _usage_reports(plane: FakeControlPlane) -> list[list[dict[str, object]]]:
+    with plane.lock:
+        return [body["usage"] for _, _, body in plane.reports if "usage" in body]
+
+
+def test_the_heartbeat_carries_each_containers_use_of_its_cards(short_tmp: Path) -> None:
+    """What `kubectl tessera top` shows travels on the inventory report: memory from the
+    container's region (rounded up to MiB, held to the card's memory however the region lies),
+    compute from NVML's samples of its processes, none where NVML gives none."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp, TESSERA_PROC_ROOT=str(short_tmp / "proc")) as node:
+            plane, gpu, u = node.plane, node.gpu, node.uuids
+            placed = {
+                "train": (u[0], 4096, 60, (3000 << 20) + 1, 1000),
+                "liar": (u[1], 1024, 50, 1 << 50, 3000),  # a region claiming a PiB
+            }
+            await start_pods(node, placed)
+            fake_process(gpu, 4101, 7, 1000)
+            gpu.set_processes(u[0], [(4101, 42, 10)])
+            gpu.fail(u[1], "procs")  # no per-process figures there: compute is not known
+
+            def entries() -> dict[str, dict[str, object]]:
+                reports = _usage_reports(plane)
+                return {str(e["pod"]): e for e in reports[-1]} if reports else {}
+
+            await eventually(
+                lambda: entries().get("train", {}).get("compute_used_percent") == 42,
+                timeout=10,
+                what="a heartbeat with the trainer's compute",
+            )
+            got = entries()
+            assert got["train"] == {
+                "namespace": "team-a",
+                "pod": "train",
+                "container": "main",
+                "card": u[0],
+                "memory_used_mib": 3001,
+                "compute_used_percent": 42,
+            }
+            assert got["liar"]["memory_used_mib"] == 81920  # the card's memory, not a PiB
+            assert got["liar"]["compute_used_percent"] is None
+
+    run(main)
+
+
+def test_a_control_plane_that_refuses_usage_keeps_the_heartbeat(short_tmp: Path) -> None:
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            plane = node.plane
+            plane.takes_usage = False
+            with plane.lock:
+                before = len(plane.reports)
+            await eventually(
+                lambda: len(plane.reports) >= before + 2, timeout=10, what="two more heartbeats"
+            )
+            with plane.lock:
+                assert all("usage" not in body for _, _, body in plane.reports[before:])
+            assert "does not take the containers' usage" in node.plugin.text()
+
+    run(main)
+
+
+def test_usage_entries_are_one_per_container_and_card_of_this_node() -> None:
+    def owner(name: str, container: str = "main") -> Owner:
+        return Owner(name, "ns", "p", container, ("GPU-1",))
+
+    used = [
+        Used(owner("old"), "GPU-1", 0, None),  # a restarted container's old record
+        Used(owner("new"), "GPU-1", 5 << 20, 30.4),
+        Used(owner("other", "side"), "GPU-9", 1 << 20, None),  # not a card of this node
+    ]
+    assert usage_entries(used, {"GPU-1": 81920}) == [
+        {
+            "namespace": "ns",
+            "pod": "p",
+            "container": "main",
+            "card": "GPU-1",
+            "memory_used_mib": 5,
+            "compute_used_percent": 30,
+        }
+    ]

@@ -62,9 +62,33 @@ class CardReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerUsageReport:
+    """What one container uses of one card, as the node plugin sampled it."""
+
+    namespace: str
+    pod: str
+    container: str
+    card: str  # the card's UUID
+    memory_used_mib: int
+    compute_used_percent: int | None  # None: NVML gave no per-process figure
+
+    def stored(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "container": self.container,
+            "card": self.card,
+            "memory_used_mib": self.memory_used_mib,
+            "compute_used_percent": self.compute_used_percent,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class InventoryReport:
     plugin_version: str
     cards: tuple[CardReport, ...]
+    # None: a plugin that sends no usage (older, or metrics sampling off); keep what is known
+    usage: tuple[ContainerUsageReport, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +222,12 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     node.ready = True
     node.last_heartbeat = now
     node.plugin_version = report.plugin_version
-    node.save(update_fields=["ready", "last_heartbeat", "plugin_version"])
+    fields = ["ready", "last_heartbeat", "plugin_version"]
+    if report.usage is not None:
+        node.usage = [u.stored() for u in report.usage]
+        node.usage_at = now
+        fields += ["usage", "usage_at"]
+    node.save(update_fields=fields)
     modes = dict(Card.objects.filter(node=node).values_list("uuid", "mode"))
     return InventoryResult(
         node, created, tuple(added), tuple(missing), tuple(c.uuid for c in pruned), modes

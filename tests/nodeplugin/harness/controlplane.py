@@ -2,8 +2,10 @@
 
 Endpoints (all need ``Authorization: Bearer <token>`` of a node identity):
 
-- ``PUT /api/v1/nodes/<name>/inventory``: the body must have exactly the keys of DESIGN §7;
-  201 on the first report of a node, then 200; 403 for another node's token.
+- ``PUT /api/v1/nodes/<name>/inventory``: the body must have exactly the keys of DESIGN §7,
+  plus an optional ``usage`` list (docs/nodeplugin.md); 201 on the first report of a node, then
+  200; 403 for another node's token; 400 naming ``usage`` when ``takes_usage`` is off (a
+  control plane that predates it).
 - ``GET /api/v1/allocations/<namespace>/<name>``: the record; 404 without one; 403 when the
   record is on another node than the token's.
 - ``POST /api/v1/allocations/<pod_uid>/containers/<container>/allocated`` with
@@ -28,6 +30,9 @@ from typing import Any
 from nodeplugin import allocation as alloc_mod
 
 INVENTORY_KEYS = {"plugin_version", "cards"}
+USAGE_KEYS = {
+    "namespace", "pod", "container", "card", "memory_used_mib", "compute_used_percent",
+}  # fmt: skip
 CARD_KEYS = {"uuid", "index", "model", "memory_mib", "numa_node", "healthy", "health_reason"}
 # docs/card-modes.md: a MIG-capable card's report may carry this, and nothing else is optional.
 OPTIONAL_CARD_KEYS = {"mig"}
@@ -103,6 +108,7 @@ class FakeControlPlane:
         self.requests: list[tuple[str, str, int]] = []
         self.status_override: int | None = None  # e.g. 503: the control plane is "down"
         self.modes: dict[str, str] | None = None  # the answer's "modes"; None: no such key
+        self.takes_usage = True  # False: refuse a report with `usage`, as an older one does
         self.lock = threading.Lock()
         self.connections: set[socket.socket] = set()
         self.host = host
@@ -180,10 +186,14 @@ class FakeControlPlane:
                     if name != node:
                         self._send(403, {"error": f"token of {node} cannot report {name}"})
                         return
+                    if isinstance(body, dict) and "usage" in body and not plane.takes_usage:
+                        self._send(400, {"usage": ["Unknown field."]})
+                        return
                     if (
                         not isinstance(body, dict)
-                        or set(body) != INVENTORY_KEYS
+                        or set(body) - {"usage"} != INVENTORY_KEYS
                         or not all(_card_ok(c) for c in body["cards"])
+                        or not all(set(u) == USAGE_KEYS for u in body.get("usage", []))
                     ):
                         self._send(400, {"error": f"not the DESIGN §7 shape: {body!r}"})
                         return
