@@ -28,6 +28,7 @@ from controlplane.ledger.models import (
     Card,
     NamespaceQuota,
     Node,
+    Nomination,
     PodBinding,
     SchedulingDecision,
     Slice,
@@ -246,6 +247,36 @@ def pending_pods(limit: int = 10) -> list[PendingPod]:
         .values_list("namespace", "name", "summary", "decided_at")[:limit]
     ]
     return reserved + waiting
+
+
+@dataclass(frozen=True, slots=True)
+class RoomHold:
+    """Room held on a node for a pod whose preemption is under way (docs/preemption.md)."""
+
+    namespace: str
+    name: str
+    node: str
+    priority: int
+    cards: int
+    memory_mib: int
+    victims: list[str]
+    until: datetime
+
+
+def room_holds(node: str = "", limit: int = 50) -> list[RoomHold]:
+    """Unexpired nominations (of `node`), the soonest to end first (one query)."""
+    rows = Nomination.objects.filter(deadline__gt=timezone.now())
+    if node:
+        rows = rows.filter(node__name=node)
+    return [
+        RoomHold(ns, name, node_name, priority, len(claims),
+                 sum(int(c[0]) for c in claims.values()), list(victims), until)
+        for ns, name, node_name, priority, claims, victims, until in rows.order_by(
+            "deadline", "id"
+        ).values_list(
+            "namespace", "name", "node__name", "priority", "claims", "victims", "deadline"
+        )[:limit]
+    ]  # fmt: skip
 
 
 def attention_cards(limit: int = 20) -> list[dict[str, Any]]:

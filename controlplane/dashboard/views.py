@@ -61,6 +61,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "poll": POLL_SECONDS,
         "attention_cards": selectors.attention_cards(),
         "pending": selectors.pending_pods(),
+        "holds": selectors.room_holds(),
     }
     template = "dashboard/_overview_live.html" if _fragment(request) else "dashboard/overview.html"
     return render(request, template, context)
@@ -123,7 +124,8 @@ def node(request: HttpRequest, name: str) -> HttpResponse:
     if view is None:
         raise Http404(f"no node {name}")
     looks = namespace_looks(s.namespace for c in view.cards for s in c.slices)
-    context = {"node": view, "ns_looks": looks, "poll": POLL_SECONDS}
+    holds = selectors.room_holds(node=name)
+    context = {"node": view, "ns_looks": looks, "poll": POLL_SECONDS, "holds": holds}
     template = "dashboard/_node_live.html" if _fragment(request) else "dashboard/node.html"
     return render(request, template, context)
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from controlplane.access.roles import Role
 from controlplane.dashboard.models import AllocationSample
 from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node
+from controlplane.ledger.services import nominations
 from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
+from controlplane.scheduling import CardClaim
 from tests.builders import card_report
 from tests.dashboard.builders import (
     PASSWORD,
@@ -512,3 +516,27 @@ def test_admin_grants_roles_issues_and_revokes_tokens(cluster: None) -> None:
         assert refused.status_code == 200 and b"no API token" in refused.content
     bad = client.post("/access/", {"username": "bad name!", "role": "viewer"})
     assert bad.status_code == 400 and b'data-error-for="username"' in bad.content
+
+
+def test_room_held_for_preemption_is_listed_on_the_overview_and_its_node(cluster: None) -> None:
+    client = signed_in(Role.VIEWER)
+    assert "Room held for preemption" not in client.get("/").content.decode()
+
+    def hold(name: str, until: timedelta) -> None:
+        nominations.nominate(
+            pod_uid=f"uid-{name}", namespace="ml", name=name, node_name="n1", priority=1000,
+            claims={"GPU-n1-0": CardClaim(40000, 0, 1, False),
+                    "GPU-n1-1": CardClaim(20000, 0, 1, False)},
+            victims=["team-a/train-0", "team-b/old"], deadline=timezone.now() + until,
+        )  # fmt: skip
+
+    hold("urgent", timedelta(minutes=2))
+    hold("expired", -timedelta(seconds=1))  # its deadline passed: no room is held for it
+    for url in ("/?fragment=1", "/nodes/n1/?fragment=1"):
+        body = client.get(url).content.decode()
+        rows = re.findall(r'<tr data-hold="([^"]+)">(.*?)</tr>', body, re.S)
+        assert [r[0] for r in rows] == ["ml/urgent"], url
+        row = rows[0][1]
+        assert "team-a/train-0, team-b/old" in row and "1000" in row, url
+        assert "58.6 GiB on 2 cards" in row, url  # 60,000 MiB in all
+    assert "Room held for preemption" not in client.get("/nodes/n2/").content.decode()
