@@ -91,8 +91,9 @@ test-python: venv
 	@eval "$$(scripts/services.sh up)" && \
 	echo "== pytest on SQLite" && \
 	env -u DATABASE_URL -u TESSERA_E2E_CHART_VALUES $(PY) -m pytest && \
-	echo "== e2e with the control plane configured from the Helm chart ($(E2E_CHART_VALUES))" && \
-	env -u DATABASE_URL TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) $(PY) -m pytest -m e2e tests/e2e && \
+	echo "== e2e with the control plane configured from the Helm chart ($(E2E_CHART_VALUES)), on PostgreSQL" && \
+	env -u DATABASE_URL TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) TESSERA_E2E_POSTGRES_URL=$$TEST_POSTGRES_URL \
+		$(PY) -m pytest -m e2e tests/e2e && \
 	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
 	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender \
 		--ignore=tests/api/test_schemathesis.py && \

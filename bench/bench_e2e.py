@@ -45,9 +45,10 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_extender import ScratchDatabase, settings_from
+from bench.bench_extender import settings_from
 from e2e import objects
 from e2e.cluster import ROOT, Cluster, HarnessError, Options, run_folder
+from e2e.database import ScratchDatabase
 from e2e.objects import Api
 
 

@@ -46,7 +46,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +53,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from e2e.database import ScratchDatabase  # noqa: E402 - after the path insert
+
 FIXTURE = ROOT / "tests" / "extender" / "fixtures" / "pod_v1_trainer.json"
 MODELS = (("NVIDIA A100-SXM4-80GB", 81920), ("NVIDIA A100-PCIE-40GB", 40960), ("NVIDIA L4", 24576))
 SIZES = (1000, 2000, 4000, 8000)
@@ -73,32 +74,6 @@ def pct(values: list[float], p: float) -> float:
 
 
 # --- database ------------------------------------------------------------------------------------
-
-
-class ScratchDatabase:
-    """A throw-away database: SQLite in a temp dir, or a fresh PostgreSQL database."""
-
-    def __init__(self, base_url: str | None, tmp: Path) -> None:
-        self.admin_url = None
-        if base_url:
-            parts = urllib.parse.urlsplit(base_url)
-            self.name = f"{parts.path.lstrip('/') or 'tessera'}_bench_{os.getpid()}"
-            self.url = urllib.parse.urlunsplit(parts._replace(path=f"/{self.name}"))
-            # CREATE/DROP DATABASE run from the server's maintenance database
-            self.admin_url = urllib.parse.urlunsplit(parts._replace(path="/postgres"))
-            self._admin(f'CREATE DATABASE "{self.name}"')
-        else:
-            self.url = f"sqlite:///{tmp / 'bench.sqlite3'}"
-
-    def _admin(self, sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql)
-
-    def drop(self) -> None:
-        if self.admin_url:
-            self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
 def server_env(db_url: str, tmp: Path) -> dict[str, str]:

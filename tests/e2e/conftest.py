@@ -9,6 +9,8 @@ Chart mode: with TESSERA_E2E_CHART_VALUES=values-resources.yaml (comma-separated
 names in tests/deploy/ or paths) the control plane, kube-scheduler and the webhook registration
 are configured from the Helm chart rendered with those values (e2e/chart.py), and the builders of
 e2e/objects.py ask for the chart's resource names. Empty or unset: the harness's own set-up.
+
+With TESSERA_E2E_POSTGRES_URL the control plane's ledger is a fresh PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ import pytest
 from e2e import objects
 from e2e.chart import CHART_VALUES_ENV, ChartConfig, ChartError
 from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, run_folder
+from e2e.database import ScratchDatabase
 
+# A PostgreSQL server (URL of any database on it): the session's control plane runs on a fresh
+# database there instead of SQLite, as production does.
+POSTGRES_ENV = "TESSERA_E2E_POSTGRES_URL"
 NODES = [f"gpu-e2e-{i}" for i in range(8)]  # the shared pool
 RELEASE_NODE = "gpu-e2e-release"  # one card, pool "release": the release test's own
 CARDS_PER_NODE = 8
@@ -71,9 +77,34 @@ def chart() -> ChartConfig | None:
 
 
 @pytest.fixture(scope="session")
-def cluster(binaries: dict[str, Path], chart: ChartConfig | None) -> Iterator[Cluster]:
+def database() -> Iterator[ScratchDatabase | None]:
+    """The control plane's database: a fresh one on the PostgreSQL server POSTGRES_ENV names
+    (dropped at the end), or None: SQLite in the run folder."""
+    server = os.environ.get(POSTGRES_ENV, "")
+    if not server:
+        yield None
+        return
+    try:
+        scratch = ScratchDatabase(server, Path(), tag="e2e")
+    except Exception as exc:  # psycopg's errors: no server, no rights
+        pytest.fail(f"{POSTGRES_ENV}={server}: cannot make the e2e database: {exc}", pytrace=False)
+    try:
+        yield scratch
+    finally:
+        scratch.drop()
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    binaries: dict[str, Path], chart: ChartConfig | None, database: ScratchDatabase | None
+) -> Iterator[Cluster]:
     run = "run-pytest-chart" if chart is not None else "run-pytest"
-    options = Options(run_dir=run_folder(run), binaries=binaries, chart=chart)
+    options = Options(
+        run_dir=run_folder(run),
+        binaries=binaries,
+        chart=chart,
+        database_url=database.url if database is not None else "",
+    )
     harness = Cluster(options)
     # Pods ask for, and nodes advertise, what this control plane manages.
     objects.use_resources(harness.resource_names, harness.node_resource)
