@@ -1204,6 +1204,21 @@ class Cluster:
         self._wait_ready("noop-extender", lambda: _http_ok(url, None, lambda b: True), url)
         return url
 
+    def start_component(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        probe: Callable[[], bool],
+        what: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start a process of this run beside the cluster's own (a controller a test brings,
+        e2e/kueue.py), ready once `probe()` is true (`what` names the probe in a failure). Its
+        log is `logs/<name>.log`; `stop_component(name)` or `down` stops it like any other."""
+        self._spawn(name, argv, port_names=(), env=env)
+        self._wait_ready(name, probe, what)
+
     def stop_component(self, name: str, timeout_s: float = 10.0) -> None:
         """Stop one component: SIGTERM, then SIGKILL what is left after `timeout_s`."""
         with self._lock:
