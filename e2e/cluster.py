@@ -327,6 +327,20 @@ def _http_ok(url: str, context: ssl.SSLContext | None, expect: Callable[[bytes],
         return False
 
 
+def get_ok(url: str, insecure: bool = False) -> bool:
+    """Whether GET `url` answers 200: a readiness probe of a component the harness starts."""
+    context = None
+    if insecure:  # a component's self-signed serving certificate: probe only
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 @dataclass
 class Options:
     """What `up` starts; tests and the benchmark change these, `make e2e-up` takes defaults."""

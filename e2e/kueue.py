@@ -32,16 +32,13 @@ import base64
 import contextlib
 import json
 import shutil
-import ssl
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.cluster import Cluster, HarnessError, build_binaries, free_port
+from e2e.cluster import Cluster, HarnessError, build_binaries, free_port, get_ok
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"  # and the finalizer of the same name
@@ -196,7 +193,7 @@ class Kueue:
         self.cluster.start_component(
             COMPONENT,
             argv,
-            probe=lambda: _answers(url),
+            probe=lambda: get_ok(url),
             what=f"GET {url}",
             env={"KUBECONFIG": str(self.cluster.kubeconfig)},
         )
@@ -218,7 +215,7 @@ class Kueue:
                 f"--secure-port={port}",
                 "--v=1",
             ],
-            probe=lambda: _answers(url, verify=False),
+            probe=lambda: get_ok(url, insecure=True),
             what=f"GET {url}",
         )
 
@@ -269,21 +266,6 @@ class Kueue:
                 {"apiVersion": api_version, "kind": "ValidatingWebhookConfiguration",
                  "metadata": meta, "webhooks": validating}
             )  # fmt: skip
-
-
-def _answers(url: str, *, verify: bool = True) -> bool:
-    """Whether `url` answers 200 (Kueue's /readyz: its webhook server is listening). `verify`
-    False: a probe of a self-signed serving certificate (kube-controller-manager's)."""
-    context = None
-    if not verify:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
-            return bool(resp.status == 200)
-    except (OSError, urllib.error.URLError):
-        return False
 
 
 def resource_flavor(name: str) -> dict[str, Any]:
