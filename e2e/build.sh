@@ -4,7 +4,8 @@
 #   kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v3), all versions from e2e/versions.env;
 #   for the real node: kubelet and kube-controller-manager (k8s.io/kubernetes), containerd,
 #   containerd-shim-runc-v2 and ctr (github.com/containerd/containerd/v2), crictl
-#   (sigs.k8s.io/cri-tools) and the OCI registry (github.com/distribution/distribution/v3).
+#   (sigs.k8s.io/cri-tools) and the OCI registry (github.com/distribution/distribution/v3);
+#   for the Kueue test: kueue (sigs.k8s.io/kueue), with its CRDs and webhook manifests.
 # Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
 # that is already there is kept, so a warm run costs nothing. --force rebuilds.
 #   e2e/build.sh [--force] [NAME...]   NAMEs: see ALL below (default: all)
@@ -20,7 +21,7 @@ FORCE=0
 if [ "${1:-}" = "--force" ]; then FORCE=1; shift; fi
 WANT=("$@")
 ALL=(kube-apiserver kube-scheduler kubectl kwok helm kubelet kube-controller-manager containerd
-     containerd-shim-runc-v2 ctr crictl registry)
+     containerd-shim-runc-v2 ctr crictl registry kueue)
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
 for name in "${WANT[@]}"; do
   case " ${ALL[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]})" >&2; exit 2 ;; esac
@@ -112,6 +113,19 @@ containerd_install() {
     "github.com/containerd/containerd/v2/cmd/$1@$CONTAINERD_VERSION"
 }
 
+# Kueue, stamped with its version, and beside it the manifests e2e/kueue.py applies (its CRDs and
+# webhook configurations) from the module just downloaded: copied before the binary is moved into
+# place, so a folder with the binary has them too, and a cache of bin/ alone is enough to run it.
+kueue_install() {
+  go_install -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  local src=$GOMODCACHE/sigs.k8s.io/kueue@$KUEUE_VERSION/config/components
+  local dir=$CACHE/bin/kueue-$KUEUE_VERSION
+  mkdir -p "$dir"; rm -rf "$dir/crd" "$dir/webhook"
+  cp -r "$src/crd/bases" "$dir/crd"; mkdir "$dir/webhook"; cp "$src/webhook/manifests.yaml" "$dir/webhook/"
+  chmod -R u+w "$dir/crd" "$dir/webhook"  # the module cache is read-only; these need not be
+}
+
 if wanted kube-apiserver; then build_one kube-apiserver "$KUBERNETES_VERSION" k8s_build kube-apiserver; fi
 if wanted kube-scheduler; then build_one kube-scheduler "$KUBERNETES_VERSION" k8s_build kube-scheduler; fi
 # kubectl runs the `kubectl tessera` plugin in tests/kubectl. A go build of its own, like the
@@ -131,3 +145,4 @@ if wanted crictl; then build_one crictl "$CRICTL_VERSION" go_install "sigs.k8s.i
 if wanted registry; then
   build_one registry "$REGISTRY_VERSION" go_install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
 fi
+if wanted kueue; then build_one kueue "$KUEUE_VERSION" kueue_install; fi

@@ -327,6 +327,20 @@ def _http_ok(url: str, context: ssl.SSLContext | None, expect: Callable[[bytes],
         return False
 
 
+def get_ok(url: str, insecure: bool = False) -> bool:
+    """Whether GET `url` answers 200: a readiness probe of a component the harness starts."""
+    context = None
+    if insecure:  # a component's self-signed serving certificate: probe only
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 @dataclass
 class Options:
     """What `up` starts; tests and the benchmark change these, `make e2e-up` takes defaults."""
@@ -1203,6 +1217,21 @@ class Cluster:
         url = f"http://127.0.0.1:{port}"
         self._wait_ready("noop-extender", lambda: _http_ok(url, None, lambda b: True), url)
         return url
+
+    def start_component(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        probe: Callable[[], bool],
+        what: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start a process of this run beside the cluster's own (a controller a test brings,
+        e2e/kueue.py), ready once `probe()` is true (`what` names the probe in a failure). Its
+        log is `logs/<name>.log`; `stop_component(name)` or `down` stops it like any other."""
+        self._spawn(name, argv, port_names=(), env=env)
+        self._wait_ready(name, probe, what)
 
     def stop_component(self, name: str, timeout_s: float = 10.0) -> None:
         """Stop one component: SIGTERM, then SIGKILL what is left after `timeout_s`."""

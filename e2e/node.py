@@ -36,7 +36,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from e2e import images as image_build
@@ -47,6 +46,7 @@ from e2e.cluster import (
     _openssl,
     build_binaries,
     free_port,
+    get_ok,
     log,
     write_kubeconfig,
 )
@@ -193,7 +193,7 @@ class RealNodeCluster(Cluster):
         }, indent=2))  # fmt: skip
         self._spawn("registry", [str(binary), "serve", str(config)], port_names=("registry",))
         url = f"http://{self.registry}/v2/"
-        self._wait_ready("registry", lambda: _get_ok(url), f"GET {url}")
+        self._wait_ready("registry", lambda: get_ok(url), f"GET {url}")
 
     def _push_images(self) -> None:
         started = time.monotonic()
@@ -367,7 +367,7 @@ class RealNodeCluster(Cluster):
             port_names=("kubelet", "kubelet-healthz"),
         )
         url = f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz"
-        self._wait_ready("kubelet", lambda: _get_ok(url) and self._node_registered(), url)
+        self._wait_ready("kubelet", lambda: get_ok(url) and self._node_registered(), url)
 
     def _node_registered(self) -> bool:
         from kubernetes import client
@@ -401,7 +401,7 @@ class RealNodeCluster(Cluster):
             port_names=("kube-controller-manager",),
         )
         url = f"https://127.0.0.1:{port}/healthz"
-        self._wait_ready("kube-controller-manager", lambda: _get_ok(url, insecure=True), url)
+        self._wait_ready("kube-controller-manager", lambda: get_ok(url, insecure=True), url)
 
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False) -> list[int]:
@@ -488,7 +488,7 @@ class RealNodeCluster(Cluster):
         self.state["components"]["kubelet"]["ports"] = dict(info["ports"])
         self._save_state()
         url = f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz"
-        self._wait_ready("kubelet", lambda: _get_ok(url), url)
+        self._wait_ready("kubelet", lambda: get_ok(url), url)
 
     def pod_log(self, namespace: str, name: str, container: str) -> list[str]:
         """The lines a container wrote, every start of it, oldest first (from the CRI logs,
@@ -514,18 +514,3 @@ def _listening(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _get_ok(url: str, insecure: bool = False) -> bool:
-    import ssl
-
-    context = None
-    if insecure:  # a component's self-signed serving certificate: probe only
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
-            return bool(resp.status == 200)
-    except OSError:
-        return False

@@ -119,10 +119,12 @@ def namespace(
     }
 
 
-def create_namespace(core: Any, name: str, *, webhook: bool = True) -> str:
+def create_namespace(
+    core: Any, name: str, *, webhook: bool = True, labels: dict[str, str] | None = None
+) -> str:
     """A namespace with the `default` ServiceAccount (no controller-manager's ServiceAccount
     controller runs in the harness to make it)."""
-    core.create_namespace(namespace(name, webhook=webhook))
+    core.create_namespace(namespace(name, webhook=webhook, labels=labels))
     core.create_namespaced_service_account(
         name, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
     )
