@@ -29,7 +29,21 @@ from e2e.cluster import (
     sidecar_server,
     stop_process_tree,
 )
+from e2e.database import ScratchDatabase
 from tests.e2e.conftest import NODES, chart_values
+
+
+def test_the_control_plane_runs_on_the_database_the_session_asked_for(
+    cluster: Cluster, database: ScratchDatabase | None
+) -> None:
+    code = "from django.db import connection as c; print('db:', c.vendor, c.settings_dict['NAME'])"
+    said = cluster.manage("shell", "--no-startup", "--command", code)
+    [line] = [x for x in said.splitlines() if x.startswith("db: ")]  # past any log line
+    _, vendor, name = line.split(" ", 2)
+    if database is None:
+        assert vendor == "sqlite" and name.startswith(str(cluster.run_dir))
+    else:
+        assert (vendor, name) == ("postgresql", database.name)
 
 
 def test_every_component_is_up_at_the_pinned_version(cluster: Cluster, kube: Any) -> None:
