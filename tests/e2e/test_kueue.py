@@ -27,8 +27,18 @@ import pytest
 from e2e import kueue as kueue_
 from e2e import objects
 from e2e.cluster import Cluster, HarnessError
+from tests.e2e.conftest import chart_values
 
-pytestmark = pytest.mark.usefixtures("gpu_nodes")
+pytestmark = [
+    pytest.mark.usefixtures("gpu_nodes"),
+    # Kueue meets Tessera only through the API server (gates, Workloads, pod resources), the
+    # same in both passes of `make test`: it runs once, in the chart-mode pass on PostgreSQL,
+    # the set-up closest to production. `make e2e-chart` runs it.
+    pytest.mark.skipif(
+        not chart_values(),
+        reason="runs in the chart-mode pass only (TESSERA_E2E_CHART_VALUES; make e2e-chart)",
+    ),
+]
 
 ALLOCATION = "tessera.io/allocation"
 FLAVOR = "tessera-gpu"
