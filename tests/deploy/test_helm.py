@@ -217,9 +217,23 @@ def test_the_schedulers_tessera_adopts_reach_the_webhook() -> None:
 
 
 def test_scheduler_profile_is_the_reviewed_one_in_deploy_scheduler() -> None:
-    """The chart's extender stanza is deploy/scheduler/scheduler-config.yaml's, field for field."""
+    """The chart's extender stanza and profile are deploy/scheduler/scheduler-config.yaml's,
+    field for field."""
     reviewed = yaml.safe_load((ROOT / "deploy/scheduler/scheduler-config.yaml").read_text())
-    assert scheduler_config(render())["extenders"] == reviewed["extenders"]
+    rendered = scheduler_config(render())
+    assert rendered["extenders"] == reviewed["extenders"]
+    assert rendered["profiles"] == reviewed["profiles"]
+
+
+def test_the_extender_sees_every_feasible_node_unless_the_operator_says_otherwise() -> None:
+    """kube-scheduler hands an extender only the feasible nodes it found before it stopped
+    searching; GPU room is invisible to its own filters, so the profile must not stop early."""
+    [profile] = scheduler_config(render())["profiles"]
+    assert profile["percentageOfNodesToScore"] == 100
+    [profile] = scheduler_config(render(sets=("scheduler.percentageOfNodesToScore=30",)))[
+        "profiles"
+    ]
+    assert profile["percentageOfNodesToScore"] == 30
 
 
 def test_scheduler_image_follows_the_cluster_version_and_leader_election_the_replicas() -> None:
