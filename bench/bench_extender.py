@@ -405,6 +405,27 @@ def settings_from(parser: argparse.ArgumentParser, option: str, items: list[str]
     return settings
 
 
+def group_memory_mib(pgid: int) -> tuple[float, float, int]:
+    """RSS now and peak RSS (VmHWM) summed over the processes of group `pgid` (the sidecar's
+    server and its workers), in MiB, and how many there are: read from /proc."""
+    now = peak = 0.0
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:  # fields after the name: state, ppid, pgrp, ...
+                continue
+            status = (stat.parent / "status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+        kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in
+               status.splitlines()) if k in ("VmRSS", "VmHWM")}  # fmt: skip
+        now += kib.get("VmRSS", 0) / 1024
+        peak += kib.get("VmHWM", 0) / 1024
+        count += 1
+    return now, peak, count
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", ""))
@@ -483,6 +504,9 @@ def main() -> int:
               f"over-allocated cards {check['over_allocated_cards']}")  # fmt: skip
         if not ok:
             missed.append("burst")
+        rss, peak, count = group_memory_mib(proc.pid)
+        print(f"\nsidecar memory ({count} processes): RSS {rss:.0f} MiB now, peak {peak:.0f} MiB "
+              f"(sum of each process's peak)")  # fmt: skip
         if missed:
             print("\nMISSED: " + "; ".join(missed))
             return 1
