@@ -40,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -257,6 +258,7 @@ def run_phase(
     workers: int,
     timeout: float,
     webhook: bool,
+    profile: dict[str, Any] | None = None,
 ) -> Result:
     """Throughput from a backlog, then latency from a paced stream, for one set-up.
 
@@ -305,7 +307,7 @@ def run_phase(
     cpu_before = cpu_by_process(cluster)
     requests_before = apiserver_requests(api)
     start = time.monotonic()
-    cluster.start_scheduler(extender=extender)
+    cluster.start_scheduler(extender=extender, profile=profile)
     wait_bound(backlog)
     done = [n for n in backlog if n in bound]
     last = max((bound[n] for n in done), default=start)
@@ -483,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
         "without controlplane/granian_cli.py runs granian's own command line)",
     )
     parser.add_argument(
+        "--variant-profile",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also run (d): Tessera with this field of its kube-scheduler profile (repeatable; "
+        "an integer value is sent as one), e.g. percentageOfNodesToScore=0",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", ""),
         help="a PostgreSQL server for the control plane (a scratch database is made on it and "
@@ -493,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     checkout = args.variant_checkout.resolve() if args.variant_checkout else None
     if checkout is not None and not (checkout / "controlplane" / "wsgi.py").is_file():
         parser.error(f"--variant-checkout {checkout}: no controlplane/wsgi.py there")
-    phases = set(args.only.split(",")) | ({"d"} if variant or checkout else set())
+    profile: dict[str, Any] = {
+        k: int(v) if v.lstrip("-").isdigit() else v
+        for k, v in settings_from(parser, "--variant-profile", args.variant_profile).items()
+    }
+    phases = set(args.only.split(",")) | ({"d"} if variant or checkout or profile else set())
 
     scratch = ScratchDatabase(args.database_url or None, Path(tempfile.mkdtemp()))
     env = {"TESSERA_LOG_LEVEL": "WARNING"}
@@ -529,9 +543,11 @@ def main(argv: list[str] | None = None) -> int:
             ("b", "(b) + no-op extender", None, False),
             ("c", "(c) + Tessera extender", "tessera", True),
         ]
-        if variant or checkout:
-            what = [f"{k}={v}" for k, v in variant.items()] + (
-                [f"code of {checkout}"] * bool(checkout)
+        if variant or checkout or profile:
+            what = (
+                [f"{k}={v}" for k, v in variant.items()]
+                + [f"code of {checkout}"] * bool(checkout)
+                + [f"profile {k}={v}" for k, v in profile.items()]
             )
             plan.append(("d", f"(d) Tessera, {' '.join(what)}", "tessera", True))
         sidecar: tuple[dict[str, str], Path] = ({}, ROOT)
@@ -564,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.workers,
                 args.timeout,
                 webhook,
+                profile if key == "d" else None,
             )
             by_key.setdefault(key, []).append(result)
             if key in "cd" and not any(k == key for _, k, *_ in schedule[i + 1 :]):

@@ -1147,11 +1147,15 @@ class Cluster:
         entry.pop("tlsConfig", None)
         return entry, profiles, source
 
-    def scheduler_config(self, extender: str) -> dict[str, Any]:
+    def scheduler_config(
+        self, extender: str, profile: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """KubeSchedulerConfiguration: profiles default-scheduler and tessera-scheduler.
 
         `extender`: "tessera" (the control plane under test), "none", or a URL prefix of
         another extender (the benchmark's no-op one) configured exactly like Tessera's.
+        `profile`: fields set on Tessera's profile over the deployed ones (the benchmark's
+        side-by-side runs of two profile settings).
         """
         config: dict[str, Any] = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -1164,6 +1168,7 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
         }
         entry, profiles, source = self._tessera_extender()
+        profiles = [{**p, **(profile or {})} for p in profiles]
         config["profiles"] = [{"schedulerName": "default-scheduler"}, *profiles]
         self.state["scheduler_config_source"] = source
         if extender == "tessera":
@@ -1173,12 +1178,18 @@ class Cluster:
             config["extenders"] = [{**entry, "urlPrefix": extender}]
         return config
 
-    def start_scheduler(self, binary: Path | None = None, extender: str | None = None) -> None:
-        """Start kube-scheduler (again: the benchmark swaps extenders between runs)."""
+    def start_scheduler(
+        self,
+        binary: Path | None = None,
+        extender: str | None = None,
+        profile: dict[str, Any] | None = None,
+    ) -> None:
+        """Start kube-scheduler (again: the benchmark swaps extenders and profile settings
+        between runs)."""
         binary = binary or Path(self.state["binaries"]["kube-scheduler"])
         extender = extender or self.options.extender
         config_path = self.run_dir / "scheduler-config.yaml"
-        config_path.write_text(json.dumps(self.scheduler_config(extender), indent=2))
+        config_path.write_text(json.dumps(self.scheduler_config(extender, profile), indent=2))
         self.state["extender"] = extender
         kubeconfig = self.run_dir / "scheduler.kubeconfig"
         self._spawn(
