@@ -20,6 +20,8 @@ def docs(path: str) -> list[dict]:
 def test_scheduler_profile_calls_the_loopback_extender_for_every_verb() -> None:
     [config] = docs("scheduler/scheduler-config.yaml")
     assert [p["schedulerName"] for p in config["profiles"]] == ["tessera-scheduler"]
+    # GPU room is invisible to kube-scheduler's own filters: it must not stop searching early
+    assert config["profiles"][0]["percentageOfNodesToScore"] == 100
     [ext] = config["extenders"]
     assert ext["urlPrefix"].startswith("http://127.0.0.1:")
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]) == (
