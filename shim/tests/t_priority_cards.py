@@ -239,9 +239,12 @@ def case_unset(node: Node) -> None:
     node.container("hi", 0, 0)
     node.container("plain", 0, None)
     time.sleep(4 * POLL_S)
-    for _ in range(5):
-        if (plain := node.rate("plain", 0.2)) < FREE:
-            fail(f"the container without a priority launches {plain:.0f}/s beside a busy high one")
+    # Held, it would launch none in a window; a busy 2-core machine can slow one window below
+    # FREE without any hold, so each window must show launches and their median a free rate.
+    rates = sorted(node.rate("plain", 0.2) for _ in range(5))
+    if rates[0] <= HELD or rates[2] < FREE:
+        shown = ", ".join(f"{r:.0f}" for r in rates)
+        fail(f"the container without a priority launches {shown}/s beside a busy high one")
     snap = sr.read_region(node.region("plain"))
     if snap.hold_mask != 0 or any(d.launches for d in snap.devices):
         fail("the container without a priority was asked to hold, or counted launches")
