@@ -327,18 +327,17 @@ def _http_ok(url: str, context: ssl.SSLContext | None, expect: Callable[[bytes],
         return False
 
 
+def probe_context() -> ssl.SSLContext:
+    """TLS that accepts a component's self-signed serving certificate: for probes only."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def get_ok(url: str, insecure: bool = False) -> bool:
     """Whether GET `url` answers 200: a readiness probe of a component the harness starts."""
-    context = None
-    if insecure:  # a component's self-signed serving certificate: probe only
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+    return _http_ok(url, probe_context() if insecure else None, lambda body: True)
 
 
 @dataclass
@@ -1205,9 +1204,7 @@ class Cluster:
             ],
             port_names=("kube-scheduler",),
         )
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; probe only
+        insecure = probe_context()  # its self-signed serving certificate
         url = f"https://127.0.0.1:{self.ports['kube-scheduler']}/healthz"
         self._wait_ready(
             "kube-scheduler", lambda: _http_ok(url, insecure, lambda b: b"ok" in b), url

@@ -99,8 +99,8 @@ class Plugin:
         self.mig = Mig(self.nvml.handles, settings.state_dir)
         self.mig_status: dict[str, MigStatus] = {}
         self.mig_error: dict[str, str] = {}
-        self._mig_refused_until = 0.0
-        self._usage_refused_until = 0.0
+        # inventory report key ("mig", "usage") -> monotonic time until which it is left out
+        self._refused_until: dict[str, float] = {}
         self.mps = MpsDaemon(settings.mps_control, settings.state_dir, settings.mps_poll_s)
         self.cp = ControlPlane(
             settings.controlplane_url,
@@ -421,6 +421,10 @@ class Plugin:
         )
         self.monitor.start()
 
+    def _offered(self, part: str) -> bool:
+        """Whether the inventory report carries `part` now (not refused in the last while)."""
+        return time.monotonic() >= self._refused_until.get(part, 0.0)
+
     async def _put_report(self, report: dict[str, object]) -> dict[str, Any]:
         """Send the inventory report. The node must keep its heartbeat, so a part the control
         plane refuses by name (one older than card modes refuses `mig`, one older than usage
@@ -433,19 +437,18 @@ class Plugin:
                 if exc.status != 400:
                     raise
                 if "usage" in report and "usage" in str(exc):
-                    part = "the containers' usage"
+                    part, what = "usage", "the containers' usage"
                     del report["usage"]
-                    self._usage_refused_until = time.monotonic() + REFUSED_PART_RETRY_S
                 elif "mig" in str(exc) and any("mig" in c for c in cards):
-                    part = "the cards' MIG state"
+                    part, what = "mig", "the cards' MIG state"
                     for card in cards:
                         card.pop("mig", None)
-                    self._mig_refused_until = time.monotonic() + REFUSED_PART_RETRY_S
                 else:
                     raise
+                self._refused_until[part] = time.monotonic() + REFUSED_PART_RETRY_S
                 log.warning(
                     "the control plane does not take %s (%s); reporting without it for %.0fs",
-                    part,
+                    what,
                     exc,
                     REFUSED_PART_RETRY_S,
                 )
@@ -455,14 +458,12 @@ class Plugin:
         failures = 0
         while not self.stopping.is_set():
             self._report_now.clear()
-            mig = await asyncio.to_thread(self._mig_report)
-            if time.monotonic() < self._mig_refused_until:
-                mig = {}
+            mig = await asyncio.to_thread(self._mig_report) if self._offered("mig") else {}
             report = cardmod.inventory_report(
                 __version__, self.cards, dict(self.registry.health), mig
             )
             usage = self.sampler.latest_usage() if self.sampler is not None else None
-            if usage is not None and time.monotonic() >= self._usage_refused_until:
+            if usage is not None and self._offered("usage"):
                 report["usage"] = usage
             try:
                 answer = await self._put_report(report)

@@ -303,7 +303,6 @@ class Sampler(threading.Thread):
         self.last_seen_us: dict[str, int] = {}
         self._latest: list[Metric] = []
         self._latest_usage: list[dict[str, object]] | None = None
-        self._sampled_usage: list[dict[str, object]] = []
         self._lock = threading.Lock()
         self._stop_flag = threading.Event()
 
@@ -324,8 +323,7 @@ class Sampler(threading.Thread):
         while not self._stop_flag.is_set():
             usage: list[dict[str, object]] | None
             try:
-                families = self.sample()
-                usage = self._sampled_usage
+                families, usage = self.sample()
             except Exception:
                 # The device plugin must outlive a fault in its metrics, and old figures must
                 # not pass for new ones: the scrape is empty until a sample succeeds again.
@@ -354,7 +352,8 @@ class Sampler(threading.Thread):
         key = (uuid, figure)
         self.read_errors[key] = self.read_errors.get(key, 0) + 1
 
-    def sample(self) -> list[Metric]:
+    def sample(self) -> tuple[list[Metric], list[dict[str, object]]]:
+        """One reading: the metric families, and the usage entries the heartbeat carries."""
         started = time.monotonic()
         fam = _families()
         modes = self.modes()
@@ -390,11 +389,11 @@ class Sampler(threading.Thread):
         compute = container_compute(
             usages, processes, lambda pid: host_process(self.proc_root, pid)
         )
-        self._sampled_usage = usage_entries(
+        usage = usage_entries(
             self._containers(fam, usages, compute), {c.uuid: c.memory_mib for c in self.cards}
         )
         fam["tessera_metrics_sample_seconds"].add_metric([], time.monotonic() - started)
-        return list(fam.values())
+        return list(fam.values()), usage
 
     @staticmethod
     def _containers(

@@ -207,17 +207,7 @@ class InventoryReportSerializer(StrictSerializer):
             ),
             usage=None
             if "usage" not in data
-            else tuple(
-                ContainerUsageReport(
-                    u["namespace"],
-                    u["pod"],
-                    u["container"],
-                    u["card"],
-                    u["memory_used_mib"],
-                    u.get("compute_used_percent"),
-                )
-                for u in data["usage"]
-            ),
+            else tuple(ContainerUsageReport(**u) for u in data["usage"]),
         )
 
 

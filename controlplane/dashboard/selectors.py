@@ -927,9 +927,8 @@ def slice_dicts(qs: QuerySet[Slice]) -> list[dict[str, Any]]:
     ]
     used = container_usage({r["node"] for r in rows if r["active"]})
     for r in rows:
-        sample = used.get((r["node"], r["namespace"], r["pod"], r["container"], r["card"]))
-        if not r["active"] or sample is None:
-            sample = {}
+        key = (r["node"], r["namespace"], r["pod"], r["container"], r["card"])
+        sample = used.get(key, {}) if r["active"] else {}
         r["memory_used_mib"] = sample.get("memory_used_mib")
         r["compute_used_percent"] = sample.get("compute_used_percent")
         r["used_at"] = sample.get("at")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -73,14 +73,7 @@ class ContainerUsageReport:
     compute_used_percent: int | None  # None: NVML gave no per-process figure
 
     def stored(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "container": self.container,
-            "card": self.card,
-            "memory_used_mib": self.memory_used_mib,
-            "compute_used_percent": self.compute_used_percent,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
