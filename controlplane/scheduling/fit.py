@@ -14,7 +14,7 @@ infeasible ones to :func:`explain` (called when someone reads ``NodeFit.refusals
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from functools import partial
 
 from controlplane.scheduling.mig import (
@@ -1234,22 +1234,47 @@ def filter_nodes(
 
     Both keep the input order; names the snapshot does not know get an UNKNOWN_NODE refusal.
     """
-    fits = _fitter(request.plan)
-    shape = _shape_key(request.plan)
-    memo = None
-    if shape is not None and names is not None:
-        # The node test for this shape, memoised on the snapshot (Snapshot.per_node): most
-        # cycles are one list comprehension over dictionary lookups.
-        memo = snapshot.per_node(("fit", *shape), lambda node: fits(node.view), False)
-        names = names if isinstance(names, list) else list(names)
-        feasible = [name for name in names if memo[name]]
+    ranking = _ranking(request.plan)
+    if ranking is not None:
+        key, number, least = ranking
+        good = snapshot.ranked(key, number).at_least(least)
+        names = [n.name for n in snapshot.nodes] if names is None else list(names)
+        feasible = [name for name in names if name in good]
         if len(feasible) == len(names):
             return feasible, []
-    deferred = NodeFit.deferred
+        return feasible, _failed(snapshot, request, (n for n in names if n not in good))
+    fits = _fitter(request.plan)
     by_name = snapshot.by_name
     feasible = []
-    failed: list[NodeFit] = []
+    rest: list[str] = []
     for name in (n.name for n in snapshot.nodes) if names is None else names:
+        node = by_name.get(name)
+        if node is not None and fits(node.view):
+            feasible.append(name)
+        else:
+            rest.append(name)
+    return feasible, _failed(snapshot, request, rest)
+
+
+def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> list[NodeFit]:
+    """Infeasible NodeFits of ``names``: deferred explanations, UNKNOWN_NODE for names the
+    snapshot does not know.
+
+    The explanations are memoised on the snapshot by the pod's shape: kube-scheduler asks
+    again about a pod it could not place (after a back-off, and on every cluster event), and
+    explaining every card of every node that refused it is the costliest thing the filter
+    does, tens of microseconds a node.
+    """
+    none: tuple[Refusal, ...] = ()
+    reasons = snapshot.per_node(("why", request.shape), lambda node: explain(node, request), none)
+
+    def remembered(node: NodeState, _: PodRequest) -> tuple[Refusal, ...]:
+        return reasons[node.name]
+
+    deferred = partial(NodeFit.deferred, remembered)
+    by_name = snapshot.by_name
+    failed: list[NodeFit] = []
+    for name in names:
         node = by_name.get(name)
         if node is None:
             failed.append(
@@ -1267,22 +1292,52 @@ def filter_nodes(
                     ),
                 )
             )
-        elif memo[name] if memo is not None else fits(node.view):
-            feasible.append(name)
         else:
-            failed.append(deferred(explain, node, request))
-    return feasible, failed
+            failed.append(deferred(node, request))
+    return failed
 
 
-def _shape_key(plan: Plan) -> tuple[int, int] | None:
-    """(MiB, compute) for the common shape whose node test depends on nothing else: one
-    container, one slice of absolute memory, no card filters. None for any other."""
+def _ranking(
+    plan: Plan,
+) -> tuple[Hashable, Callable[[NodeState], int | None], int] | None:
+    """For the common shape, one container with one slice on shared cards and no card
+    filters: (key, number, least) such that a node fits iff ``number(node) >= least``, the
+    node test as a Snapshot ranking. None for any other shape.
+
+    Absolute memory: the most free MiB of a card that also has the compute, against the ask
+    (one ranking per compute ask serves every memory ask). A share of the card's memory: the
+    most MiB a card with the compute would have left after the slice, against 0.
+    """
     cp = plan.single
-    if plan.filtered or plan.abs_apps is not None or cp is None or not plan.shared_only:
+    if plan.filtered or cp is None or not plan.shared_only or cp.strict or cp.kind == 2:
         return None
-    if cp.kind != 0 or cp.cores >= 100:
+    if cp.kind == 0:
+        return ("room", cp.cores), partial(_room, cp.cores), cp.value
+    return ("left", cp.value, cp.cores), partial(_left, cp.value, cp.cores), 0
+
+
+def _room(cores: int, node: NodeState) -> int | None:
+    view = node.view
+    if not view.ok:
         return None
-    return (cp.value, cp.cores)
+    # Live cards, most free memory first: the first with the compute has the most room.
+    for fm, fc in zip(view.d_fmem, view.d_fcu, strict=True):
+        if fc >= cores:
+            return fm
+    return None
+
+
+def _left(percent: int, cores: int, node: NodeState) -> int | None:
+    view = node.view
+    if not view.ok:
+        return None
+    best = None
+    for fm, fc, tm in zip(view.fmem, view.fcu, view.tmem, strict=True):
+        if fm >= 0 and fc >= cores:
+            left = fm - tm * percent // 100
+            if best is None or left > best:
+                best = left
+    return best
 
 
 def prioritize(
@@ -1300,10 +1355,10 @@ def prioritize(
             for node in (by.get(name),)
         ]
     if fixed is not None:  # the score depends on the node and these two only: memoised
-        scores = snapshot.per_node(
-            ("score", fixed, binpack), lambda node: _score(node.view, plan, fixed), 0
-        )
-        return [(name, scores[name]) for name in names]
+        key = ("score", fixed, binpack)
+        scores = snapshot.remembered(key)
+        if scores is not None:
+            return [(name, scores[name]) for name in names]
     # Percent and whole-card asks depend on the node's card size; sizes repeat a lot.
     per_size: dict[int, int] = {}
     by_name = snapshot.by_name
@@ -1327,4 +1382,8 @@ def prioritize(
         packed = (20 * (view.mem_used + demand) + total) // (2 * total)
         packed = 0 if packed < 0 else 10 if packed > 10 else packed
         out.append((name, packed if binpack else 10 - packed))
+    if fixed is not None:
+        # Worked out here, in this loop, rather than node by node through the memo: a new
+        # shape scores every feasible node at once, and the loop costs a third as much.
+        snapshot.per_node(key, lambda node: _score(node.view, plan, fixed), 0).update(out)
     return out

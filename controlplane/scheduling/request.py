@@ -7,7 +7,7 @@ extender can hand the sentence straight back to the person who wrote the manifes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from controlplane.scheduling.config import (
@@ -385,6 +385,12 @@ class PodRequest:
         if self.vgpu_modes and any(m not in VGPU_MODES for m in self.vgpu_modes):
             raise ValueError(f"vgpu_modes must be among {VGPU_MODES}, got {self.vgpu_modes}")
         object.__setattr__(self, "plan", Plan(self))
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """Everything the pod asks but who it is and its priority: every node gives two pods of
+        one shape the same answer (the key of the filter's per-snapshot memos)."""
+        return tuple(getattr(self, label) for label in _SHAPE_FIELDS)
 
     @property
     def total_slices(self) -> int:
@@ -886,3 +892,11 @@ def _gpus_for_profile(
             gpu[1], f"is {gpu[0]} but {MIG_RESOURCE_PREFIX}{name} asks for {count} instances"
         )
     return (count, where) if gpu is None else gpu
+
+
+# PodRequest's fields that say what is asked (a field added later is in unless named here).
+_SHAPE_FIELDS = tuple(
+    f.name
+    for f in fields(PodRequest)
+    if f.init and f.name not in {"uid", "namespace", "name", "pod_priority", "preempt_never"}
+)

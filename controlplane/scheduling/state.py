@@ -8,6 +8,7 @@ ints from a tuple is an order of magnitude cheaper than walking card objects.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -25,6 +26,7 @@ MPS = "mps"
 EXCLUSIVE = "exclusive"
 CARD_MODES: tuple[str, ...] = (SHARED, MIG, MPS, EXCLUSIVE)
 MEMO_KEYS = 8  # Snapshot.per_node: pod shapes remembered per snapshot
+RANK_KEYS = 24  # Snapshot.ranked: rankings kept per snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,9 +396,12 @@ class Snapshot:
     by_name: Mapping[str, NodeState] = field(init=False, repr=False, compare=False)
     # per_node's values by key
     _memo: dict[Hashable, PerNode[Any]] = field(init=False, repr=False, compare=False)
+    # ranked's rankings by key
+    _ranks: dict[Hashable, Ranking] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
+        object.__setattr__(self, "_ranks", {})
         if not isinstance(self.nodes, tuple):
             object.__setattr__(self, "nodes", tuple(self.nodes))
         index: dict[str, NodeState] = {}
@@ -435,6 +440,9 @@ class Snapshot:
                 values.pop(name, None)  # worked out again when next asked
             memo[key] = values
         object.__setattr__(snapshot, "_memo", memo)
+        before = self.by_name
+        ranks = {key: rank.updated(before, changes) for key, rank in list(self._ranks.items())}
+        object.__setattr__(snapshot, "_ranks", ranks)
         return snapshot
 
     def per_node(
@@ -458,6 +466,76 @@ class Snapshot:
                 memo.pop(oldest, None)
             memo[key] = found
         return found
+
+    def remembered(self, key: Hashable) -> PerNode[Any] | None:
+        """`per_node`'s values for ``key`` when some caller asked for them already."""
+        return self._memo.get(key)
+
+    def ranked(self, key: Hashable, function: Callable[[NodeState], int | None]) -> Ranking:
+        """The nodes ordered by `function(node)` (nodes it gives None are left out), built the
+        first time `key` is asked for and kept for this snapshot and those `replacing` derives,
+        which move only the nodes they swap. A filter that can say "the node fits iff its number
+        is at least the pod's" then finds every feasible node with one binary search, instead
+        of testing each of thousands of nodes for each new pod shape.
+
+        `key` must name everything `function` depends on besides the node, and `function` must
+        give a node the same number every time it is asked. The `RANK_KEYS` keys added last are
+        kept, the oldest dropped first (each costs a list copy per `replacing`).
+        """
+        ranks = self._ranks
+        found = ranks.get(key)
+        if found is None:
+            found = Ranking.build(function, self.nodes)
+            for oldest in list(ranks)[: max(0, len(ranks) - RANK_KEYS + 1)]:
+                ranks.pop(oldest, None)
+            ranks[key] = found
+        return found
+
+
+class Ranking:
+    """`Snapshot.ranked`'s nodes: ``(number, name)`` pairs in ascending order."""
+
+    __slots__ = ("function", "pairs")
+
+    def __init__(
+        self, function: Callable[[NodeState], int | None], pairs: list[tuple[int, str]]
+    ) -> None:
+        self.function, self.pairs = function, pairs
+
+    @classmethod
+    def build(
+        cls, function: Callable[[NodeState], int | None], nodes: Iterable[NodeState]
+    ) -> Ranking:
+        pairs = []
+        for node in nodes:
+            value = function(node)
+            if value is not None:
+                pairs.append((value, node.name))
+        pairs.sort()
+        return cls(function, pairs)
+
+    def at_least(self, value: int) -> set[str]:
+        """The names of the nodes whose number is ``value`` or more."""
+        pairs = self.pairs
+        # (value,) sorts before every (value, name): the first pair at value or above.
+        return {name for _, name in pairs[bisect_left(pairs, (value,)) :]}
+
+    def updated(
+        self, old: Mapping[str, NodeState], changes: Mapping[str, NodeState | None]
+    ) -> Ranking:
+        """A copy with the nodes in ``changes`` (name -> new node, or None: gone) moved;
+        ``old`` holds the nodes as this ranking saw them."""
+        pairs = self.pairs.copy()
+        function = self.function
+        for name, node in changes.items():
+            before = old.get(name)
+            if before is not None and (value := function(before)) is not None:
+                at = bisect_left(pairs, (value, name))
+                if at < len(pairs) and pairs[at] == (value, name):
+                    del pairs[at]
+            if node is not None and (value := function(node)) is not None:
+                insort(pairs, (value, name))
+        return Ranking(function, pairs)
 
 
 class PerNode(dict[str, V]):

@@ -566,3 +566,24 @@ def test_snapshot_replacing_swaps_adds_and_removes_nodes_in_order() -> None:
     assert changed == Snapshot.build(changed.nodes)  # as if built from scratch
     with pytest.raises(ValueError, match="given as"):
         snap.replacing({"n1": n2})
+
+
+@pytest.mark.parametrize(
+    ("memory_mib", "memory_percent"), [(30000, None), (None, 25)], ids=["MiB", "share"]
+)
+def test_a_card_with_exactly_the_room_asked_takes_the_slice(
+    memory_mib: int | None, memory_percent: int | None
+) -> None:
+    """The common one-slice shapes are answered from a ranking of the nodes: its bounds are
+    inclusive, like the per-card test's."""
+    need = memory_mib if memory_mib is not None else A100_MIB * 25 // 100
+    exact = card("GPU-e", 0, used_memory_mib=A100_MIB - need, used_compute=70, used_slots=1)
+    short_mem = card("GPU-m", 0, used_memory_mib=A100_MIB - need + 1, used_slots=1)
+    short_cu = card("GPU-c", 0, used_compute=71, used_slots=1)
+    snap = Snapshot.build(
+        [node("exact", exact), node("short-mem", short_mem), node("short-cu", short_cu)]
+    )
+    request = pod(container(memory_mib=memory_mib, memory_percent=memory_percent, cores=30))
+    feasible, failed = filter_nodes(snap, request, ["short-mem", "exact", "short-cu"])
+    assert feasible == ["exact"]
+    assert [f.node for f in failed] == ["short-mem", "short-cu"]

@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,8 +33,10 @@ from controlplane.scheduling import (
     score_node,
     usage_of,
 )
-from controlplane.scheduling.state import MEMO_KEYS
-from tests.scheduling.builders import k8s_container, pod_json
+from controlplane.scheduling import fit as fit_module
+from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS
+from tests.scheduling.builders import card, k8s_container, pod_json
+from tests.scheduling.builders import node as build_node
 
 PROFILE = settings(
     max_examples=300,
@@ -538,12 +541,16 @@ def test_parse_pod_reads_back_what_a_manifest_says(asks: tuple[ContainerRequest,
 
 @st.composite
 def one_slice_requests(draw: st.DrawFn) -> PodRequest:
-    """The shape filter and prioritize memoise per snapshot (one absolute slice), and, now
-    and then, another shape (which must not read a memo)."""
+    """The shapes filter and prioritize memoise or rank per snapshot (one slice of absolute
+    memory or of a share of the card's), and, now and then, another shape (which must not
+    read a memo or a ranking)."""
     if draw(st.integers(0, 4)) == 0:
         return draw(requests())
+    share = draw(st.booleans())
     ask = ContainerRequest(
-        "main", 0, False, 1, draw(st.sampled_from(NEEDS)), None,
+        "main", 0, False, 1,
+        None if share else draw(st.sampled_from(NEEDS)),
+        draw(st.sampled_from((10, 25, 50, 100))) if share else None,
         draw(st.sampled_from((0, 0, 10, 30, 50, 100))),
     )  # fmt: skip
     policy = draw(st.sampled_from(("binpack", "spread")))
@@ -568,8 +575,9 @@ def test_memoised_answers_follow_the_snapshots_a_cache_derives(
     the replaced nodes recomputed) answer exactly as on the same nodes built afresh."""
     names = [f"n{i}" for i in range(7)] + ["x"]
     snap = Snapshot.build(cluster)
-    for request in asks:  # fill the memo on the first snapshot
-        filter_nodes(snap, request, names)
+    for request in asks:  # fill the memos on the first snapshot
+        for fit in filter_nodes(snap, request, names)[1]:
+            fit.summary()
         prioritize(snap, request, names)
     for name, replacement in changes:  # one change per derived snapshot, as a cache swaps
         snap = snap.replacing({name: replacement})
@@ -578,6 +586,7 @@ def test_memoised_answers_follow_the_snapshots_a_cache_derives(
         feasible, failed = filter_nodes(snap, request, names)
         again, failed_again = filter_nodes(fresh, request, names)
         assert feasible == again
+        assert filter_nodes(snap, request)[0] == [n.name for n in snap.nodes if n.name in again]
         assert [(f.node, f.summary()) for f in failed] == [
             (f.node, f.summary()) for f in failed_again
         ]
@@ -588,6 +597,64 @@ def test_memoised_answers_follow_the_snapshots_a_cache_derives(
         for name, score in prioritize(snap, request, names):
             known = snap.by_name.get(name)
             assert score == (score_node(known, request) if known is not None else 0)
+
+
+def test_a_ranking_moves_only_the_nodes_a_derived_snapshot_swaps() -> None:
+    calls: list[str] = []
+
+    def size(node: NodeState) -> int | None:
+        calls.append(node.name)
+        return len(node.cards) or None  # a node without cards is left out
+
+    def node(name: str, n: int) -> NodeState:
+        return NodeState(name, True, False, tuple(card(f"{name}-{i}", i) for i in range(n)))
+
+    snap = Snapshot.build((node("a", 2), node("b", 1), node("c", 0), node("d", 2)))
+    ranking = snap.ranked("k", size)
+    assert ranking.pairs == [(1, "b"), (2, "a"), (2, "d")]
+    assert ranking.at_least(2) == {"a", "d"} and ranking.at_least(3) == set()
+    assert snap.ranked("k", size) is ranking and calls == ["a", "b", "c", "d"]  # built once
+    calls.clear()
+    derived = snap.replacing({"a": node("a", 1), "d": None, "e": node("e", 3)})
+    moved = derived.ranked("k", size)
+    assert moved.pairs == [(1, "a"), (1, "b"), (3, "e")]
+    assert sorted(calls) == ["a", "a", "d", "e"]  # the old and new a, the old d, the new e
+    assert ranking.pairs == [(1, "b"), (2, "a"), (2, "d")]  # the first snapshot's is its own
+    for i in range(RANK_KEYS):
+        snap.ranked(i, size)
+    calls.clear()
+    snap.ranked("k", size)  # pushed out by newer keys: built again
+    assert calls == ["a", "b", "c", "d"]
+
+
+def test_a_node_that_refused_a_shape_is_explained_once_per_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    explained: list[str] = []
+    real = fit_module.explain
+
+    def counting(node: NodeState, request: PodRequest) -> tuple[Any, ...]:
+        explained.append(node.name)
+        return real(node, request)
+
+    monkeypatch.setattr(fit_module, "explain", counting)
+    full = card("GPU-f", 0, used_memory_mib=80000, used_slots=1)
+    snap = Snapshot.build([build_node("a", full), build_node("b", full), build_node("c")])
+    names = ["a", "b", "c"]
+
+    def pod_named(uid: str, mib: int = 4096) -> PodRequest:
+        ask = ContainerRequest("main", 0, False, 1, mib, None, 0)
+        return PodRequest(uid, "ns", uid, (ask,))
+
+    first = [f.summary() for f in filter_nodes(snap, pod_named("p1"), names)[1]]
+    again = [f.summary() for f in filter_nodes(snap, pod_named("p2"), names)[1]]
+    assert first == again and len(first) == 2
+    assert explained == ["a", "b"]  # the second pod, same shape: no node explained again
+    derived = snap.replacing({"a": build_node("a", card("GPU-g", 0, used_memory_mib=79000))})
+    [f.summary() for f in filter_nodes(derived, pod_named("p3"), names)[1]]
+    assert explained == ["a", "b", "a"]  # only the swapped node
+    [f.summary() for f in filter_nodes(derived, pod_named("p4", 2048), names)[1]]
+    assert explained == ["a", "b", "a", "b"]  # another shape (a fits it): its own
 
 
 def test_a_snapshot_remembers_a_few_shapes_and_computes_each_node_once() -> None:
