@@ -1271,7 +1271,7 @@ def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> li
     def remembered(node: NodeState, _: PodRequest) -> tuple[Refusal, ...]:
         return reasons[node.name]
 
-    deferred = partial(NodeFit.deferred, remembered)
+    deferred = NodeFit.deferred
     by_name = snapshot.by_name
     failed: list[NodeFit] = []
     for name in names:
@@ -1293,7 +1293,7 @@ def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> li
                 )
             )
         else:
-            failed.append(deferred(node, request))
+            failed.append(deferred(remembered, node, request))
     return failed
 
 
