@@ -34,7 +34,7 @@ from controlplane.scheduling import (
     usage_of,
 )
 from controlplane.scheduling import fit as fit_module
-from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS
+from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS, STALE_NAMES
 from tests.scheduling.builders import card, k8s_container, pod_json
 from tests.scheduling.builders import node as build_node
 
@@ -616,6 +616,7 @@ def test_a_ranking_moves_only_the_nodes_a_derived_snapshot_swaps() -> None:
     assert snap.ranked("k", size) is ranking and calls == ["a", "b", "c", "d"]  # built once
     calls.clear()
     derived = snap.replacing({"a": node("a", 1), "d": None, "e": node("e", 3)})
+    assert calls == []  # brought up to date when used, not when derived
     moved = derived.ranked("k", size)
     assert moved.pairs == [(1, "a"), (1, "b"), (3, "e")]
     assert sorted(calls) == ["a", "a", "d", "e"]  # the old and new a, the old d, the new e
@@ -674,6 +675,17 @@ def test_a_snapshot_remembers_a_few_shapes_and_computes_each_node_once() -> None
     assert (carried["a"], carried["b"], carried["c"]) == (0, -1, 0)
     assert calls == ["a", "b", "c"]  # only the added node was worked out for the new snapshot
     assert memo["b"] == 0  # the first snapshot still answers for its own nodes
+    later = derived
+    for _ in range(STALE_NAMES):  # swaps pile up on a memo nobody reads...
+        later = later.replacing({"a": a})
+    calls.clear()
+    later.per_node("k", count, -1)["c"]
+    assert calls == []  # ...up to STALE_NAMES of them, and it is carried
+    for _ in range(STALE_NAMES + 1):
+        later = later.replacing({"a": a})
+    later.per_node("k", count, -1)["c"]
+    assert calls == ["c"]  # one more, and it was dropped: worked out again
+    calls.clear()
     for i in range(MEMO_KEYS):
         snap.per_node(i, count)
     calls.clear()
