@@ -1260,18 +1260,17 @@ def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> li
     """Infeasible NodeFits of ``names``: deferred explanations, UNKNOWN_NODE for names the
     snapshot does not know.
 
-    The explanations are memoised on the snapshot by the pod's shape: kube-scheduler asks
+    The fits are memoised on the snapshot by the pod's shape: kube-scheduler asks
     again about a pod it could not place (after a back-off, and on every cluster event), and
     explaining every card of every node that refused it is the costliest thing the filter
     does, tens of microseconds a node.
     """
-    none: tuple[Refusal, ...] = ()
-    reasons = snapshot.per_node(("why", request.shape), lambda node: explain(node, request), none)
-
-    def remembered(node: NodeState, _: PodRequest) -> tuple[Refusal, ...]:
-        return reasons[node.name]
-
     deferred = NodeFit.deferred
+    # One deferred fit per node and shape, shared by every pod of the shape: the sentences, and
+    # the summary made of them, are worked out once, and a retry builds no new objects.
+    fits = snapshot.per_node(
+        ("why", request.shape), lambda node: deferred(explain, node, request), None
+    )
     by_name = snapshot.by_name
     failed: list[NodeFit] = []
     for name in names:
@@ -1293,7 +1292,7 @@ def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> li
                 )
             )
         else:
-            failed.append(deferred(remembered, node, request))
+            failed.append(fits[name])
     return failed
 
 

@@ -131,6 +131,7 @@ class NodeFit:
     _explain: Callable[[NodeState, PodRequest], tuple[Refusal, ...]] | None
     _state: NodeState | None
     _request: PodRequest | None
+    _summary: str | None  # summary(), once worked out
 
     def __init__(self, node: str, feasible: bool, refusals: Iterable[Refusal] = ()) -> None:
         found = tuple(refusals)
@@ -144,6 +145,7 @@ class NodeFit:
         object.__setattr__(self, "_explain", None)
         object.__setattr__(self, "_state", None)
         object.__setattr__(self, "_request", None)
+        object.__setattr__(self, "_summary", None)
 
     @classmethod
     def deferred(
@@ -160,6 +162,7 @@ class NodeFit:
         _set_explain(fit, explain)
         _set_state(fit, state)
         _set_request(fit, request)
+        _set_summary(fit, None)
         return fit
 
     @property
@@ -185,12 +188,18 @@ class NodeFit:
         """One line a person can act on: the main reason, then counts of the others."""
         if self.feasible:
             return "fits"
-        first, *rest = self.refusals
-        if not rest:
-            return first.message
-        counts = Counter(r.code for r in rest)
-        others = ", ".join(f"{n} {_LABELS[code]}" for code, n in counts.most_common())
-        return f"{first.message} (also: {others})"
+        found = self._summary
+        if found is None:
+            first, *rest = self.refusals
+            if not rest:
+                found = first.message
+            else:
+                counts = Counter(r.code for r in rest)
+                others = ", ".join(f"{n} {_LABELS[code]}" for code, n in counts.most_common())
+                found = f"{first.message} (also: {others})"
+            # Caching a pure function of immutable inputs: two racing threads write equal values.
+            _set_summary(self, found)
+        return found
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeFit):
@@ -211,7 +220,7 @@ class NodeFit:
 # The slots' own setters: the filter makes a deferred fit per infeasible node (thousands a
 # cycle on a large cluster), and these skip the lookup by name object.__setattr__ does, which
 # took a third of the fit's cost.
-_set_node, _set_feasible, _set_refusals, _set_explain, _set_state, _set_request = (
+_set_node, _set_feasible, _set_refusals, _set_explain, _set_state, _set_request, _set_summary = (
     NodeFit.__dict__[slot].__set__
-    for slot in ("node", "feasible", "_refusals", "_explain", "_state", "_request")
+    for slot in ("node", "feasible", "_refusals", "_explain", "_state", "_request", "_summary")
 )
