@@ -1253,7 +1253,7 @@ def filter_nodes(
             feasible.append(name)
         else:
             rest.append(name)
-    return feasible, _failed(snapshot, request, rest)
+    return feasible, _failed(snapshot, request, rest) if rest else []
 
 
 def _failed(snapshot: Snapshot, request: PodRequest, names: Iterable[str]) -> list[NodeFit]:

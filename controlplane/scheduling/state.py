@@ -445,11 +445,7 @@ class Snapshot:
         for label in ("_memo", "_ranks"):
             carried: dict[Hashable, Any] = {}
             for key, kept in list(getattr(self, label).items()):  # list(): one step under the GIL
-                stale = (
-                    _Stale(kept.kept, kept.swapped + swapped)
-                    if isinstance(kept, _Stale)
-                    else (_Stale(kept, swapped))
-                )
+                stale = kept.then(swapped) if isinstance(kept, _Stale) else _Stale(kept, swapped)
                 if len(stale.swapped) <= most:
                     carried[key] = stale
             object.__setattr__(snapshot, label, carried)
@@ -470,18 +466,14 @@ class Snapshot:
         """
         found = self.remembered(key)
         if found is None:
-            memo = self._memo
-            found = PerNode(function, self.by_name, default)
-            for oldest in list(memo)[: max(0, len(memo) - MEMO_KEYS + 1)]:
-                memo.pop(oldest, None)
-            memo[key] = found
+            found = _keep(self._memo, key, PerNode(function, self.by_name, default), MEMO_KEYS)
         return found
 
     def remembered(self, key: Hashable) -> PerNode[Any] | None:
         """`per_node`'s values for ``key`` when some caller asked for them already."""
         found = self._memo.get(key)
         if isinstance(found, _Stale):
-            found = self._memo[key] = found.kept.carried(self.by_name, found.swapped)
+            found = self._memo[key] = found.current(self.by_name)
         return found
 
     def ranked(self, key: Hashable, function: Callable[[NodeState], int | None]) -> Ranking:
@@ -498,16 +490,22 @@ class Snapshot:
         ranks = self._ranks
         found = ranks.get(key)
         if isinstance(found, _Stale):
-            found = ranks[key] = found.kept.updated(self.by_name, found.swapped)
+            found = ranks[key] = found.current(self.by_name)
         elif found is None:
-            found = Ranking.build(function, self.by_name)
-            for oldest in list(ranks)[: max(0, len(ranks) - RANK_KEYS + 1)]:
-                ranks.pop(oldest, None)
-            ranks[key] = found
+            found = _keep(ranks, key, Ranking.build(function, self.by_name), RANK_KEYS)
         return found
 
 
-K = TypeVar("K")
+K = TypeVar("K", bound="PerNode[Any] | Ranking")
+T = TypeVar("T")
+
+
+def _keep(kept: dict[Hashable, Any], key: Hashable, value: T, most: int) -> T:
+    """Add ``value`` under ``key``, dropping the oldest keys so that ``most`` remain."""
+    for oldest in list(kept)[: max(0, len(kept) - most + 1)]:
+        kept.pop(oldest, None)
+    kept[key] = value
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +515,14 @@ class _Stale(Generic[K]):
 
     kept: K
     swapped: tuple[str, ...]
+
+    def then(self, swapped: tuple[str, ...]) -> _Stale[K]:
+        """The same, with more names swapped."""
+        return _Stale(self.kept, self.swapped + swapped)
+
+    def current(self, nodes: Mapping[str, NodeState]) -> K:
+        """A copy brought up to date for ``nodes`` (a newer snapshot's nodes by name)."""
+        return self.kept.updated(nodes, self.swapped)  # type: ignore[return-value]
 
 
 class Ranking:
@@ -586,7 +592,7 @@ class PerNode(dict[str, V]):
         value = self[name] = self.function(node)
         return value
 
-    def carried(self, nodes: Mapping[str, NodeState], swapped: Iterable[str]) -> PerNode[V]:
+    def updated(self, nodes: Mapping[str, NodeState], swapped: Iterable[str]) -> PerNode[V]:
         """A copy for a derived snapshot's nodes, less the ``swapped`` names (worked out again
         when next asked)."""
         copy = PerNode(self.function, nodes, self.default)
