@@ -5,7 +5,9 @@
 #   for the real node: kubelet and kube-controller-manager (k8s.io/kubernetes), containerd,
 #   containerd-shim-runc-v2 and ctr (github.com/containerd/containerd/v2), crictl
 #   (sigs.k8s.io/cri-tools) and the OCI registry (github.com/distribution/distribution/v3);
-#   for the Kueue test: kueue (sigs.k8s.io/kueue), with its CRDs and webhook manifests.
+#   for the Kueue test: kueue (sigs.k8s.io/kueue), with its CRDs and webhook manifests;
+#   for the benchmark against HAMi, only when named: hami-scheduler, from the HAMi checkout in
+#   $HAMI_SRC (see HAMI_VERSION in e2e/versions.env), with HAMi's chart beside it.
 # Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
 # that is already there is kept, so a warm run costs nothing. --force rebuilds.
 #   e2e/build.sh [--force] [NAME...]   NAMEs: see ALL below (default: all)
@@ -22,9 +24,11 @@ if [ "${1:-}" = "--force" ]; then FORCE=1; shift; fi
 WANT=("$@")
 ALL=(kube-apiserver kube-scheduler kubectl kwok helm kubelet kube-controller-manager containerd
      containerd-shim-runc-v2 ctr crictl registry kueue)
+# Built only when asked for by name: it needs a source tree the machine may not have.
+ON_REQUEST=(hami-scheduler)
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
 for name in "${WANT[@]}"; do
-  case " ${ALL[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]})" >&2; exit 2 ;; esac
+  case " ${ALL[*]} ${ON_REQUEST[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]})" >&2; exit 2 ;; esac
 done
 wanted() { local n; for n in "${WANT[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
 
@@ -146,3 +150,26 @@ if wanted registry; then
   build_one registry "$REGISTRY_VERSION" go_install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
 fi
 if wanted kueue; then build_one kueue "$KUEUE_VERSION" kueue_install; fi
+
+# HAMi's scheduler extender from a checkout of HAMI_VERSION (e2e/versions.env says why not from
+# the proxy; its dependencies do come from it). cgo is on for this one: HAMi's scheduler links
+# NVIDIA's go-nvml, whose types exist only in cgo builds (it never calls NVML on this path). Its
+# chart is copied beside the binary: e2e/hami.py configures the scheduler from the chart's
+# rendered manifests, so a cache of bin/ alone is enough to run it.
+hami_install() {
+  local src=${HAMI_SRC:-}
+  [ -n "$src" ] || die "hami-scheduler: set HAMI_SRC to a checkout of HAMi $HAMI_VERSION (git clone --branch $HAMI_VERSION https://github.com/Project-HAMi/HAMi); the Go module proxy serves no v2 release of github.com/Project-HAMi/HAMi"
+  [ -f "$src/go.mod" ] && [ -d "$src/cmd/scheduler" ] && [ -f "$src/charts/hami/Chart.yaml" ] \
+    || die "hami-scheduler: HAMI_SRC=$src is not a HAMi checkout (no go.mod, cmd/scheduler or charts/hami there)"
+  grep -q '^module github.com/Project-HAMi/HAMi$' "$src/go.mod" \
+    || die "hami-scheduler: $src/go.mod is not module github.com/Project-HAMi/HAMi"
+  local app; app=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$src/charts/hami/Chart.yaml")
+  [ "v$app" = "$HAMI_VERSION" ] \
+    || die "hami-scheduler: $src is HAMi v$app (charts/hami/Chart.yaml), e2e/versions.env pins $HAMI_VERSION"
+  (cd "$src" && CGO_ENABLED=1 nice go build \
+    -ldflags "-s -w -X github.com/Project-HAMi/HAMi/pkg/version.version=$HAMI_VERSION" \
+    -o "$OUT/hami-scheduler" ./cmd/scheduler)
+  local dir=$CACHE/bin/hami-scheduler-$HAMI_VERSION
+  mkdir -p "$dir"; rm -rf "$dir/chart"; cp -r "$src/charts/hami" "$dir/chart"; chmod -R u+w "$dir/chart"
+}
+if wanted hami-scheduler; then build_one hami-scheduler "$HAMI_VERSION" hami_install; fi
