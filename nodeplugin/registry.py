@@ -21,6 +21,11 @@ class Registry:
         self.health = {c.uuid: Health(True) for c in cards}
         self._changed = asyncio.Event()
         self.version = 0
+        # ListAndWatch streams the kubelet holds open: its device manager keeps exactly one per
+        # registration, so none means the kubelet does not see these cards now, whatever it
+        # was told last (it dropped the connection, or a plugin that is going took it along).
+        self.streams = 0
+        self._streams_changed = asyncio.Event()
 
     def set_health(self, uuid: str, health: Health) -> bool:
         if uuid not in self.cards or self.health.get(uuid) == health:
@@ -34,6 +39,24 @@ class Registry:
     def changed(self) -> asyncio.Event:
         """An event set at the next change (take it before reading the snapshot)."""
         return self._changed
+
+    def stream_opened(self) -> None:
+        self.streams += 1
+        if self.streams == 1:
+            self._notify_streams()
+
+    def stream_closed(self) -> None:
+        self.streams -= 1
+        if self.streams == 0:
+            self._notify_streams()
+
+    def _notify_streams(self) -> None:
+        old, self._streams_changed = self._streams_changed, asyncio.Event()
+        old.set()
+
+    def streams_changed(self) -> asyncio.Event:
+        """An event set when the kubelet next goes from no stream to one, or back."""
+        return self._streams_changed
 
     def card_order(self) -> dict[str, int]:
         return {u: c.index for u, c in self.cards.items()}

@@ -37,10 +37,11 @@ class PluginProcess:
         gpu: GpuNode,
         kubelet: FakeKubelet,
         plane: FakeControlPlane,
+        log_name: str = "plugin.log",
         **extra: str,
     ) -> None:
         self.root = root
-        self.log_path = root / "plugin.log"
+        self.log_path = root / log_name
         (root / "token").write_text(TOKEN + "\n")
         plane.add_token(TOKEN, NODE)
         self.cdi_dir = root / "cdi"
