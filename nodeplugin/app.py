@@ -520,19 +520,20 @@ class Plugin:
             await self.registry.streams_changed().wait()
             self._report_now.set()
 
-    async def last_report(self) -> None:
+    async def last_report(self) -> bool:
         """Tell the control plane that this plugin's cards take no new pods, unless a successor
         already serves them (its reports are the true ones then). Sent before the kubelet's
         stream ends: from then until a successor registers, the kubelet refuses the cards at
         admission, and a pod bound in that gap would fail for good."""
         if self._successor_serves():
-            return
+            return False
         report = cardmod.inventory_report(__version__, self.cards, self._reported_health(STOPPING))
         try:
             async with asyncio.timeout(LAST_REPORT_S):
                 await self._put_report(report)
         except (TimeoutError, HttpUnavailable, ControlPlaneError) as exc:
             log.warning("the last inventory report was not taken (%s)", exc)
+        return True
 
     async def report_loop(self) -> None:
         delay = 0.0
@@ -664,7 +665,10 @@ class Plugin:
         ]
         await self.terminating.wait()
         log.info("stopping")
-        await self.last_report()
+        if await self.last_report():
+            # A pod bound just before the report reached the ledger is admitted by the kubelet
+            # a moment later: keep the devices healthy for it until then.
+            await asyncio.sleep(self.s.stop_drain_s)
         self.stopping.set()
         for t in tasks:
             t.cancel()

@@ -933,11 +933,18 @@ def test_the_kubelet_dropping_the_stream_gets_a_registration_and_the_cards_wait(
 def test_a_plugin_that_stops_with_no_successor_says_its_cards_take_nothing_new(
     short_tmp: Path,
 ) -> None:
+    """First the control plane hears the cards take no new pods, then the kubelet keeps the
+    plugin's stream for the drain, so a pod bound just before is still admitted."""
+
     async def main() -> None:
-        async with fake_node(short_tmp) as node:
-            await eventually(lambda: bool(node.plane.reports), what="a first report")
-            reports = len(node.plane.reports)
-            assert node.plugin.stop() == 0
-            assert _cards_reported(node.plane, reports)[-1] == {(False, STOPPING)}
+        async with fake_node(short_tmp, TESSERA_STOP_DRAIN_S="0.5") as node:
+            k, plane = node.kubelet, node.plane
+            await eventually(lambda: bool(plane.reports), what="a first report")
+            reports, updates = len(plane.reports), len(k.updates)
+            assert await asyncio.to_thread(node.plugin.stop) == 0
+            assert _cards_reported(plane, reports)[-1] == {(False, STOPPING)}
+            told = plane.reports[-1][0]
+            gone = await k.wait_update(lambda h: set(h.values()) == {"Unhealthy"}, since=updates)
+            assert gone - told >= 0.45, f"the stream ended {gone - told:.2f}s after the report"
 
     run(main)

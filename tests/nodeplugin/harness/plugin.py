@@ -65,6 +65,7 @@ class PluginProcess:
             "TESSERA_HEALTH_PROBE_S": "0.1",
             "TESSERA_HEALTH_RECOVERY_S": "0.5",
             "TESSERA_KUBELET_POLL_S": "0.05",
+            "TESSERA_STOP_DRAIN_S": "0.1",
             "TESSERA_HEARTBEAT_S": "1",
             "TESSERA_PRESTART_TIMEOUT_S": "3",
             "TESSERA_HTTP_TIMEOUT_S": "1",
