@@ -20,11 +20,12 @@ SEED ?=
 # Where `make push` sends the images (host[:port][/path]); see docs/operator-guide.md.
 REGISTRY ?=
 
-.PHONY: help venv images push run worker beat migrate demo test test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e chaos test-python test-sqlite test-postgres check-shim lint bench clean services services-down
+.PHONY: help venv images push run worker beat migrate demo test check test-unit test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e chaos check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
-	@echo "make test    set up and run the whole suite (lint, shim, SQLite and PostgreSQL)"
+	@echo "make test    set up and run the whole suite (what CI runs), each stage timed"
+	@echo "make check   before each commit: lint, the shim's checks, every test that needs no cluster"
 	@echo "make bench   print the benchmarks' figures"
 	@echo "make lint    ruff, mypy, import-linter"
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
@@ -79,26 +80,23 @@ lint: venv
 check-shim: venv
 	$(MAKE) -C shim check PYTHON=$(CURDIR)/$(PY)
 
-# The whole suite: lint, the shim's C checks, then pytest against SQLite (the e2e suite with
-# the harness's own configuration included), the e2e suite again with the control plane
-# configured from the Helm chart, and the database tests against PostgreSQL. The schema sweep
-# (tests/api/test_schemathesis.py, schemathesis per role) runs once, in the SQLite pass.
+# The whole suite, what CI runs (scripts/test.sh says how it is split, docs/testing.md what each
+# stage costs): the Go builds in the background from the start; lint, the shim's C checks, the
+# tiers that need no cluster on SQLite and the database tiers on PostgreSQL, both on two cores;
+# then every cluster stage once. Each stage is timed and the table printed at the end.
 # PostgreSQL and Redis are started (and installed when absent) by scripts/services.sh.
-test: lint check-shim test-python
+test:
+	@E2E_CHART_VALUES=$(E2E_CHART_VALUES) PODS=$(PODS) SEED=$(SEED) scripts/test.sh
 
-test-python: venv
-	@scripts/browser.sh
-	@eval "$$(scripts/services.sh up)" && \
-	echo "== pytest on SQLite" && \
-	env -u DATABASE_URL -u TESSERA_E2E_CHART_VALUES $(PY) -m pytest && \
-	echo "== e2e with the control plane configured from the Helm chart ($(E2E_CHART_VALUES)), on PostgreSQL" && \
-	env -u DATABASE_URL TESSERA_E2E_CHART_VALUES=$(E2E_CHART_VALUES) TESSERA_E2E_POSTGRES_URL=$$TEST_POSTGRES_URL \
-		$(PY) -m pytest -m e2e tests/e2e && \
-	echo "== pytest on PostgreSQL ($$TEST_POSTGRES_URL)" && \
-	DATABASE_URL=$$TEST_POSTGRES_URL $(PY) -m pytest tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender \
-		--ignore=tests/api/test_schemathesis.py && \
-	echo "== chaos: $(PODS) GPU pods while the cluster's parts are killed and restarted (docs/e2e.md)" && \
-	TESSERA_CHAOS_PODS=$(PODS) TESSERA_CHAOS_SEED=$(SEED) $(PY) -m pytest -m chaos tests/chaos
+# Before each commit, a few minutes warm: lint, the shim's checks, every test that needs no
+# cluster (SQLite, both cores). `make test` stays the whole suite.
+check: lint check-shim test-unit
+
+test-unit: venv
+	@scripts/browser.sh >/dev/null
+	@eval "$$(scripts/services.sh up)" && env -u DATABASE_URL -u TESSERA_E2E_CHART_VALUES \
+		$(PY) -m pytest -n 2 --dist loadscope -q --ignore=tests/e2e --ignore=tests/realnode \
+		--ignore=tests/deploy --ignore=tests/images --ignore=tests/chaos
 
 # The Helm chart: lint/template with the real helm, and install on a real kube-apiserver.
 test-deploy: venv
