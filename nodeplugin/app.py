@@ -497,21 +497,22 @@ class Plugin:
                     REFUSED_PART_RETRY_S,
                 )
 
-    def _reported_health(self, unavailable: str = UNREGISTERED) -> dict[str, Health]:
+    def _reported_health(self) -> dict[str, Health]:
         """The cards' health as the control plane must see it: a card the kubelet cannot hand
         out now (no stream of ours held, or this plugin stopping) takes no new pods, so the
         scheduler does not bind one that the kubelet would refuse for good at admission."""
         health = dict(self.registry.health)
         if self.registry.streams == 0 or self.terminating.is_set():
+            why = STOPPING if self.terminating.is_set() else UNREGISTERED
             for uuid, h in health.items():
                 if h.healthy:
-                    health[uuid] = Health(False, unavailable)
+                    health[uuid] = Health(False, why)
         return health
 
     async def _kubelet_took_the_cards(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self.registry.streams == 0 and not self.stopping.is_set():
+                while self.registry.streams == 0 and not self.terminating.is_set():
                     await self.registry.streams_changed().wait()
 
     async def _watch_streams(self) -> None:
@@ -527,7 +528,7 @@ class Plugin:
         admission, and a pod bound in that gap would fail for good."""
         if self._successor_serves():
             return False
-        report = cardmod.inventory_report(__version__, self.cards, self._reported_health(STOPPING))
+        report = cardmod.inventory_report(__version__, self.cards, self._reported_health())
         try:
             async with asyncio.timeout(LAST_REPORT_S):
                 await self._put_report(report)
@@ -539,7 +540,9 @@ class Plugin:
         delay = 0.0
         failures = 0
         await self._kubelet_took_the_cards(FIRST_REPORT_WAIT_S)
-        while not self.stopping.is_set():
+        # Until SIGTERM: then the last report (run) is the plugin's final word, and a heartbeat
+        # after it could overwrite what a successor reported meanwhile.
+        while not self.terminating.is_set():
             self._report_now.clear()
             mig = await asyncio.to_thread(self._mig_report) if self._offered("mig") else {}
             report = cardmod.inventory_report(__version__, self.cards, self._reported_health(), mig)
@@ -560,7 +563,7 @@ class Plugin:
                 failures += 1
                 delay = min(self.s.heartbeat_s, 0.5 * 2 ** min(failures, 6))
                 log.error("inventory report failed (%s); next try in %.1fs", exc, delay)
-            stop = asyncio.ensure_future(self.stopping.wait())
+            stop = asyncio.ensure_future(self.terminating.wait())
             now = asyncio.ensure_future(self._report_now.wait())
             await asyncio.wait({stop, now}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
@@ -654,9 +657,10 @@ class Plugin:
         self.start_monitor(loop)
         self.start_metrics()
         await self.start_server()
+        reports = asyncio.create_task(self.report_loop(), name="report")
         tasks = [
+            reports,
             asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
-            asyncio.create_task(self.report_loop(), name="report"),
             asyncio.create_task(self._watch_streams(), name="watch-streams"),
             asyncio.create_task(self.gc_loop(), name="gc"),
             asyncio.create_task(self.priority_loop(), name="priority"),
@@ -665,6 +669,8 @@ class Plugin:
         ]
         await self.terminating.wait()
         log.info("stopping")
+        reports.cancel()  # a heartbeat still in flight must not land after the last report
+        await asyncio.gather(reports, return_exceptions=True)
         if await self.last_report():
             # A pod bound just before the report reached the ledger is admitted by the kubelet
             # a moment later: keep the devices healthy for it until then.

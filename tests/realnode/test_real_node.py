@@ -19,7 +19,15 @@ import pytest
 
 from e2e import objects
 from e2e.node import NODE_LABEL, NODE_NAME, RealNodeCluster
-from tests.realnode.conftest import CARDS, NAMESPACE, RELEASE, SLOTS, plugin_serving
+from nodeplugin.app import STOPPING
+from tests.realnode.conftest import (
+    CARDS,
+    NAMESPACE,
+    RELEASE,
+    SLOTS,
+    node_cards,
+    plugin_serving,
+)
 
 CUDA_ERROR_OUT_OF_MEMORY = 2
 MINOR = {c.uuid: c.minor for c in CARDS}
@@ -280,12 +288,13 @@ def test_plugin_pod_deleted_daemonset_recreates_it_and_pods_still_start(
     check_sees_exactly_its_cards(report, cards, 1800, "after the plugin pod was replaced")
 
 
-def test_pod_created_while_no_plugin_serves_never_runs_without_its_devices(
-    node_cluster: RealNodeCluster, core: Any, kube: Any, namespace: str
+def test_pod_created_while_no_plugin_serves_waits_and_then_starts_with_its_devices(
+    node_cluster: RealNodeCluster, core: Any, kube: Any, tessera: objects.Tessera, namespace: str
 ) -> None:
     """With the plugin gone (its DaemonSet moved off the node) and the kubelet restarted, so no
-    plugin is registered, a GPU pod bound to the node must not run without its card: it is
-    refused at admission or waits, and once the plugin is back any start has its devices."""
+    plugin is registered, a GPU pod is not bound to the node, where the kubelet would refuse
+    it for good: the plugin told the control plane, as it stopped, that its cards take no new
+    pods. The pod waits; once the plugin is back it is bound and starts with its card."""
     from kubernetes import client
 
     apps = client.AppsV1Api(kube)
@@ -301,35 +310,29 @@ def test_pod_created_while_no_plugin_serves_never_runs_without_its_devices(
                          what="the node plugin pod gone")  # fmt: skip
         node_cluster.restart_kubelet()
         assert "tessera-gpu.sock" not in _device_plugin_sockets()
-        core.create_namespaced_pod(namespace, probe_pod(node_cluster, "early", gpus=1, gpumem=1200))
-        deadline = time.monotonic() + 30
+        cards = node_cards(tessera)
+        assert cards and all(not c["healthy"] for c in cards), cards
+        assert {c["health_reason"] for c in cards} == {STOPPING}, cards
+        create(core, namespace, probe_pod(node_cluster, "early", gpus=1, gpumem=1200))
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             pod = core.read_namespaced_pod("early", namespace)
-            if pod.status.phase in ("Running", "Failed"):
-                break
+            assert pod.spec.node_name is None, "bound to a node whose plugin does not serve"
             time.sleep(0.5)
-        pod = core.read_namespaced_pod("early", namespace)
-        assert pod.spec.node_name == NODE_NAME  # bound by the extender: the kubelet decides
-        # Whatever the kubelet did, the container never started without the plugin's spec.
-        assert reports(node_cluster, namespace, "early") == [], pod.status
-        refused = pod.status.phase == "Failed"
+        assert reports(node_cluster, namespace, "early") == []
+        (scheduled,) = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        assert scheduled.status == "False" and scheduled.reason == "Unschedulable", scheduled
     finally:
         apps.patch_namespaced_daemon_set(ds_name, NAMESPACE, selector(None))
     objects.wait_for(lambda: (p := plugin_pod(core)) is not None and p.status.phase == "Running",
                      timeout=120, what="the node plugin back")  # fmt: skip
-    objects.wait_for(lambda: plugin_serving(core), timeout=120, every=0.5,
-                     what="nvidia.com/gpu allocatable again")  # fmt: skip
-    if refused:
-        assert "nvidia.com/gpu" in (pod.status.message or "") + (pod.status.reason or ""), (
-            pod.status
-        )
-    else:
-        objects.wait_for(lambda: running(core, namespace, "early"), timeout=120,
-                         what="the waiting pod started once the plugin registered")  # fmt: skip
-        report = wait_report(node_cluster, namespace, "early")[0]
-        check_sees_exactly_its_cards(
-            report, allocated_cards(core, namespace, "early"), 1200, "started after registration"
-        )
+    objects.wait_for(lambda: running(core, namespace, "early"), timeout=120, every=0.5,
+                     what="the waiting pod bound and started once the plugin serves")  # fmt: skip
+    report = wait_report(node_cluster, namespace, "early")[0]
+    check_sees_exactly_its_cards(
+        report, allocated_cards(core, namespace, "early"), 1200, "started after registration"
+    )
+    assert all(c["healthy"] for c in node_cards(tessera))
 
 
 pytestmark = pytest.mark.usefixtures("installed")
