@@ -5,17 +5,15 @@ See docs/allocation.md for the allocation endpoints' contract.
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access.permissions import IsNodeOrAdmin, IsNodeOrViewer
 from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictSerializer
 from controlplane.api.names import CardUUIDField, check_path
@@ -91,20 +89,6 @@ class WhyView(APIView):
                 "fit": None if fit is None else fit.as_dict(),
             }
         )
-
-
-class IsNodeOrViewer(BasePermission):
-    message = "This needs a node identity or the viewer role."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, Role.NODE) or has_role(request.user, Role.VIEWER)
-
-
-class IsNodeOrAdmin(BasePermission):
-    message = "Reporting an allocation needs a node identity (or an admin)."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, Role.NODE) or has_role(request.user, Role.ADMIN)
 
 
 def _own_node(request: Request) -> str | None:

@@ -104,3 +104,36 @@ def test_a_token_in_x_tessera_token_works_where_authorization_is_absent() -> Non
     # Where both are sent, `Authorization` decides: a bad one is not rescued by the other.
     client.credentials(HTTP_AUTHORIZATION="Bearer tsr_wrong", HTTP_X_TESSERA_TOKEN=token)
     assert client.get("/api/v1/nodes/").status_code == 401
+
+
+def test_the_admin_sites_revoke_goes_through_the_audited_service() -> None:
+    """The admin action revokes by the same service as the dashboard (one writer of `revoked`,
+    audited); the change form shows `revoked` but cannot set it."""
+    from django.test import Client
+
+    from controlplane.ledger.models import AuditEvent
+
+    token = createtoken("gpu-node-9", "--role", "node")
+    createtoken("root", "--role", "admin")
+    root = get_user_model().objects.get(username="root")
+    root.is_staff = root.is_superuser = True
+    root.save(update_fields=["is_staff", "is_superuser"])
+    admin = Client()
+    admin.force_login(root)
+    stored = ApiToken.objects.get(user__username="gpu-node-9")
+    page = admin.get(f"/admin/access/apitoken/{stored.pk}/change/")
+    assert page.status_code == 200 and b'name="revoked"' not in page.content
+    answer = admin.post(
+        "/admin/access/apitoken/", {"action": "revoke", "_selected_action": [str(stored.pk)]}
+    )
+    assert answer.status_code == 302
+    stored.refresh_from_db()
+    assert stored.revoked
+    (event,) = AuditEvent.objects.filter(action="token-revoke")
+    assert (event.actor, event.target) == ("root", "gpu-node-9")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    refused = client.put(
+        "/api/v1/nodes/gpu-node-9/inventory", {"plugin_version": "1", "cards": []}, format="json"
+    )
+    assert refused.status_code == 401
