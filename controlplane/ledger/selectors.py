@@ -36,6 +36,7 @@ from controlplane.scheduling import (
     SchedulingConfig,
     Snapshot,
 )
+from controlplane.scheduling.mig import placement_mask
 
 MISSING_CARD_REASON = "not in the node's latest inventory report"
 
@@ -155,7 +156,7 @@ def _build_snapshot(
     mig_used: dict[int, int] = {}
     for row in rows:
         if row.mig_size:
-            mask = ((1 << row.mig_size) - 1) << (row.mig_start or 0)
+            mask = placement_mask(row.mig_start or 0, row.mig_size)
             mig_used[row.card_id] = mig_used.get(row.card_id, 0) | mask
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):

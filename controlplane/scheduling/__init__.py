@@ -6,6 +6,7 @@ Parse a pod's GPU ask (:func:`parse_pod`), test and score nodes (:func:`filter_n
 """
 
 from controlplane.scheduling.claims import (
+    EXCLUSIVE_CORES,
     CardClaim,
     LedgerSlice,
     SliceClaim,
@@ -48,6 +49,7 @@ from controlplane.scheduling.state import CardState, NodeState, Snapshot
 
 __all__ = [
     "BINPACK",
+    "EXCLUSIVE_CORES",
     "MIG_RESOURCE_PREFIX",
     "POLICIES",
     "SPREAD",

@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from functools import partial
 
+from controlplane.scheduling.claims import EXCLUSIVE_CORES
 from controlplane.scheduling.mig import (
     MigGeometry,
     MigProfile,
@@ -162,7 +163,7 @@ def _greedy(
         if not isinstance(picks, list):
             return _Failure(cp, [c[-1] for c in cand], work, own, view.labels, picks)
         if not cp.init or cp.sidecar:
-            exclusive = cores >= 100
+            exclusive = cores >= EXCLUSIVE_CORES
             for p in picks:
                 fm[p] -= cp.need(tmem[p])
                 fc[p] -= cores
@@ -602,7 +603,7 @@ def _shape_fitter(plan: Plan) -> _Fitter:
     if cp is None:
         return partial(_fits_general, plan=plan)
     cores = cp.cores
-    if cp.kind == 0 and cores < 100:
+    if cp.kind == 0 and cores < EXCLUSIVE_CORES:
         need = cp.value
         if cores == 0:
             return lambda view: view.ok and need <= view.max_fmem
@@ -741,7 +742,7 @@ def _room_reason(card: CardState, p: int, failure: _Failure, who: str) -> Refusa
             card.uuid,
             False,
         )
-    if cp.cores >= 100 and busy[p]:
+    if cp.cores >= EXCLUSIVE_CORES and busy[p]:
         return Refusal(
             ReasonCode.EXCLUSIVE_CONFLICT,
             f"{who} asks for 100% compute (exclusive) but {name} already holds slices{note}",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from controlplane.scheduling.claims import EXCLUSIVE_CORES
 from controlplane.scheduling.config import (
     BINPACK,
     GPU_POLICY_WORDS,
@@ -136,14 +137,14 @@ class ContainerPlan:
         self.sidecar = request.sidecar
         self.gpus = request.gpus
         self.cores = request.cores
-        self.strict = request.cores >= 100 or mutex
+        self.strict = request.cores >= EXCLUSIVE_CORES or mutex
         if request.memory_mib is not None:
             self.kind, self.value = 0, request.memory_mib
         elif request.memory_percent is not None:
             self.kind, self.value = 1, request.memory_percent
         else:
             self.kind, self.value = 2, 100
-        self.whole = self.kind != 0 and self.value == 100 and self.cores >= 100
+        self.whole = self.kind != 0 and self.value == 100 and self.cores >= EXCLUSIVE_CORES
         self.mig_profile = request.mig_profile
 
     def need(self, total_mib: int) -> int:
