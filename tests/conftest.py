@@ -47,7 +47,9 @@ def _only_ledger_services_write_ledger_rows(request: pytest.FixtureRequest) -> I
     if node.get_closest_marker("django_db") is None or node.get_closest_marker("ledger_guard_off"):
         yield
         return
-    request.getfixturevalue("_django_db_helper")  # the test database is set up first
+    # The test database is set up first: `db` is pytest-django's public way to ask for it (a
+    # test marked transactional, or asking for `transactional_db`, still gets that).
+    request.getfixturevalue("db")
     with guarded() as guard:
         yield
     assert not guard.violations, "ledger rows written outside controlplane/ledger/services/:\n" + (
