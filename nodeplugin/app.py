@@ -669,7 +669,11 @@ class Plugin:
         ]
         await self.terminating.wait()
         log.info("stopping")
-        reports.cancel()  # a heartbeat still in flight must not land after the last report
+        # The heartbeat loop ends at its next turn. A report in flight (its request runs in a
+        # thread, which cancelling would not stop) is let finish first, so that it cannot land
+        # after the last report and say the cards are free again.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reports, self.s.http_timeout_s + 1)
         await asyncio.gather(reports, return_exceptions=True)
         if await self.last_report():
             # A pod bound just before the report reached the ledger is admitted by the kubelet

@@ -948,3 +948,22 @@ def test_a_plugin_that_stops_with_no_successor_says_its_cards_take_nothing_new(
             assert gone - told >= 0.45, f"the stream ended {gone - told:.2f}s after the report"
 
     run(main)
+
+
+def test_a_heartbeat_in_flight_at_sigterm_does_not_land_after_the_last_report(
+    short_tmp: Path,
+) -> None:
+    """A heartbeat the control plane is still handling when the plugin is told to stop must not
+    be recorded after the plugin's last report: the ledger would say the cards are free again."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp, TESSERA_STOP_DRAIN_S="0.1") as node:
+            plane = node.plane
+            await eventually(lambda: bool(plane.reports), what="a first report")
+            plane.healthy_report_delay = 0.5
+            plane.healthy_report_arrived.clear()
+            assert await asyncio.to_thread(plane.healthy_report_arrived.wait, 5)  # in flight
+            assert await asyncio.to_thread(node.plugin.stop) == 0
+            assert _cards_reported(plane)[-1] == {(False, STOPPING)}
+
+    run(main)
