@@ -2,7 +2,7 @@
 # The whole suite, as `make test` and CI run it, each stage timed (scripts/stage.sh) and the table
 # of them printed at the end, whatever the outcome. Stops at the first stage that fails.
 #
-# Every test runs once: the tiers that need no cluster on SQLite (both cores, pytest-xdist), the
+# Every test runs once: the tiers that need no cluster on SQLite (pytest-xdist), the
 # database tiers again on PostgreSQL, the end-to-end suite once in the harness's own set-up on
 # PostgreSQL, the tests the Helm chart changes (chart mode, Kueue) once in chart mode, then the
 # chart's install, the real node, chaos. The Go builds of the pinned Kubernetes binaries
@@ -61,7 +61,7 @@ stage "lint" make -s lint
 stage "shim checks" make -s check-shim
 stage "no-cluster tiers, SQLite" make -s test-unit
 stage "database tiers, PostgreSQL" env DATABASE_URL="$TEST_POSTGRES_URL" \
-  $PY -m pytest -n 2 --dist loadscope -q \
+  $PY -m pytest -n 3 --dist worksteal -q \
   -m database tests/ledger tests/api tests/access tests/dashboard tests/reconciler tests/extender \
   --ignore=tests/api/test_schemathesis.py
 stage "images" env -u DATABASE_URL $PY -m pytest -q tests/images
