@@ -1016,10 +1016,8 @@ def access_users() -> list[UserRow]:
     """Every user with role and live token count (two queries)."""
     from django.contrib.auth import get_user_model
 
-    from controlplane.access.roles import Role
+    from controlplane.access.roles import role_from_groups
 
-    # The same precedence as controlplane.access.roles.role_of, without a query per user.
-    ranked = [Role.ADMIN, Role.OPERATOR, Role.VIEWER, Role.NODE]
     users = list(
         get_user_model()
         .objects.order_by("username")
@@ -1032,11 +1030,8 @@ def access_users() -> list[UserRow]:
         groups[user_id].add(name)
     rows = []
     for user_id, username, superuser, active, last_login, tokens in users:
-        role = "admin" if superuser else None
-        if role is None:
-            held = [r.value for r in ranked if r.group_name in groups[user_id]]
-            role = held[0] if held else None
-        rows.append(UserRow(username, role, active, last_login, tokens))
+        role = role_from_groups(groups[user_id], superuser)  # no query per user
+        rows.append(UserRow(username, role.value if role else None, active, last_login, tokens))
     return rows
 
 

@@ -74,6 +74,40 @@ def test_role_ranking() -> None:
     assert users[Role.ADMIN].is_staff
 
 
+def test_the_users_page_and_each_request_agree_on_a_role_held_through_several_groups() -> None:
+    """One precedence (admin, operator, viewer, node) for an identity in several role groups:
+    what a request is allowed (role_of) and what the access page lists (access_users)."""
+    from django.contrib.auth.models import Group
+
+    from controlplane.access.roles import ensure_groups
+    from controlplane.dashboard.selectors import access_users
+
+    groups = ensure_groups()
+    users = get_user_model().objects
+    cases = {
+        "viewer-and-operator": [Role.VIEWER, Role.OPERATOR],
+        "node-and-viewer": [Role.NODE, Role.VIEWER],
+        "node-only": [Role.NODE],
+        "no-group": [],
+    }
+    for name, roles in cases.items():
+        user = users.create(username=name)
+        user.groups.set([groups[r] for r in roles])
+    users.create(username="root", is_superuser=True).groups.set([Group.objects.get(
+        name=Role.VIEWER.group_name)])  # fmt: skip
+    listed = {row.username: row.role for row in access_users()}
+    for name in [*cases, "root"]:
+        role = role_of(users.get(username=name))
+        assert listed[name] == (role.value if role else None), name
+    assert listed == {
+        "viewer-and-operator": "operator",
+        "node-and-viewer": "viewer",
+        "node-only": "node",
+        "no-group": None,
+        "root": "admin",
+    }
+
+
 def test_expired_token_is_refused() -> None:
     from datetime import timedelta
 
