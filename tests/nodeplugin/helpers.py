@@ -99,9 +99,10 @@ def scrape(port: int) -> Scrape:
     return out
 
 
-async def scrape_when(port: int, ready: Callable[[Scrape], bool], timeout: float = 5.0) -> Scrape:
+async def scrape_when(port: int, ready: Callable[[Scrape], bool], timeout: float = 15.0) -> Scrape:
     """The first scrape ``ready`` accepts: the plugin samples in a thread, so what a test just
-    wrote shows after the next sample, not at once."""
+    wrote shows after the next sample, not at once. The timeout is generous (a loaded machine
+    runs three test workers beside a cluster): waiting ends as soon as ``ready`` holds."""
     deadline = time.monotonic() + timeout
     while True:
         m = await asyncio.to_thread(scrape, port)

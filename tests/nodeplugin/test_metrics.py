@@ -294,7 +294,7 @@ def test_an_ended_container_leaves_the_series(short_tmp: Path) -> None:
             used = "tessera_container_gpu_memory_used_bytes"
             await scrape_when(port, lambda m: pods_in(m, used) == {"stays", "ends"})
             k.remove(pods["ends"])
-            m = await scrape_when(port, lambda m: pods_in(m, used) == {"stays"}, timeout=8)
+            m = await scrape_when(port, lambda m: pods_in(m, used) == {"stays"}, timeout=20)
             for name in (
                 "tessera_container_gpu_memory_limit_bytes",
                 "tessera_container_gpu_compute_share_percent",
