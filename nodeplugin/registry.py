@@ -12,6 +12,12 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 
+def _fired(event: asyncio.Event) -> asyncio.Event:
+    """Wake everyone waiting on ``event``; the next change gets the fresh event returned."""
+    event.set()
+    return asyncio.Event()
+
+
 class Registry:
     """Owned by the event loop; the NVML thread reports through ``loop.call_soon_threadsafe``."""
 
@@ -32,8 +38,7 @@ class Registry:
             return False
         self.health[uuid] = health
         self.version += 1
-        old, self._changed = self._changed, asyncio.Event()
-        old.set()
+        self._changed = _fired(self._changed)
         return True
 
     def changed(self) -> asyncio.Event:
@@ -43,16 +48,12 @@ class Registry:
     def stream_opened(self) -> None:
         self.streams += 1
         if self.streams == 1:
-            self._notify_streams()
+            self._streams_changed = _fired(self._streams_changed)
 
     def stream_closed(self) -> None:
         self.streams -= 1
         if self.streams == 0:
-            self._notify_streams()
-
-    def _notify_streams(self) -> None:
-        old, self._streams_changed = self._streams_changed, asyncio.Event()
-        old.set()
+            self._streams_changed = _fired(self._streams_changed)
 
     def streams_changed(self) -> asyncio.Event:
         """An event set when the kubelet next goes from no stream to one, or back."""
