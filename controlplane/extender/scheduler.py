@@ -21,9 +21,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.extender import summary as filter_summary
-from controlplane.extender.decisions import record as record_decision
-from controlplane.extender.decisions import record_bind as record_bind_outcome
-from controlplane.extender.decisions import record_bound
+from controlplane.extender.decision_writer import record as record_decision
+from controlplane.extender.decision_writer import record_bind as record_bind_outcome
+from controlplane.extender.decision_writer import record_bound
 from controlplane.extender.preemptor import preemptor
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
