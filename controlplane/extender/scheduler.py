@@ -24,7 +24,7 @@ from controlplane.extender import summary as filter_summary
 from controlplane.extender.decision_writer import record as record_decision
 from controlplane.extender.decision_writer import record_bind as record_bind_outcome
 from controlplane.extender.decision_writer import record_bound
-from controlplane.extender.preemptor import preemptor
+from controlplane.extender.preemption.preemptor import preemptor
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
 from controlplane.kube import adapter, events

@@ -23,7 +23,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.extender import preemption, scheduler, wire
+from controlplane.extender import scheduler, wire
+from controlplane.extender.preemption import verb as preempt_verb
 from controlplane.extender.webhook import review_pod
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
@@ -146,7 +147,7 @@ def preempt_view(request: HttpRequest) -> HttpResponse:
         return bad
     try:
         args = wire.parse_preemption_args(raw)
-        return _json(wire.preemption_result(preemption.run_preempt(args)))
+        return _json(wire.preemption_result(preempt_verb.run_preempt(args)))
     except (wire.WireError, RequestError) as exc:
         # ExtenderPreemptionResult has no Error field: a non-200 answer is the error.
         return _json({"Error": str(exc)}, 400)

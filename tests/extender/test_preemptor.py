@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.extender import preemptor as preempting
-from controlplane.extender.preemptor import finish, preempt, preemptor, selector_matches
+from controlplane.extender.preemption import preemptor as preempting
+from controlplane.extender.preemption.preemptor import finish, preempt, preemptor, selector_matches
 from controlplane.ledger.errors import AllocationRefused
 from controlplane.ledger.models import AuditEvent, Nomination, PodBinding
 from controlplane.ledger.services import bindings, decisions, nominations

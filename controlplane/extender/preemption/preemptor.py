@@ -17,6 +17,8 @@ A pod is considered again no sooner than `RETRY_S` after its last try, and never
 preemption is under way; a pod with `preemptionPolicy: Never` never preempts. Safe with several
 replicas: the nomination is one ledger row per pod, written under the node's lock, and
 evicting an already-evicted pod is a no-op.
+
+The other pieces of preemption are mapped in `controlplane.extender.preemption`.
 """
 
 from __future__ import annotations
