@@ -29,7 +29,6 @@ so the cache is kept fresh incrementally and off the request path:
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import threading
@@ -163,10 +162,6 @@ class SnapshotCache:
         self._cursor, self._synced_at, self._full_at = read.cursor, read.started, read.started
         self._quotas = read.quotas or {}
         self.full_rebuilds += 1
-        # The snapshot is ~100k long-lived objects without reference cycles: keep the cyclic
-        # garbage collector from re-scanning them on every full collection (a p99 spike of
-        # several ms in the middle of a filter); refcounting still frees them when replaced.
-        gc.freeze()
 
     def _read_changes(self, *, incremental: bool) -> _Read:
         """Re-read the dirty nodes and, with `incremental`, every node changed since the cursor."""
