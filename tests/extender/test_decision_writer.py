@@ -32,7 +32,7 @@ def test_async_writer_writes_every_outcome_in_order(client, settings) -> None:
     assert SchedulingDecision.objects.count() == 51
     assert decision_writer.writer.dropped == 0
     decision_writer.writer.stop()
-    thread = decision_writer.writer._thread
+    thread = decision_writer.writer.worker.thread
     assert thread is not None and not thread.is_alive()
 
 
@@ -115,8 +115,9 @@ def test_a_failed_bind_writes_the_held_decision_then_the_failure(client, async_l
 def test_entries_arriving_in_the_batch_window_do_not_wake_the_writer_one_by_one(
     async_log, monkeypatch
 ) -> None:
-    monkeypatch.setattr(decision_writer, "BATCH_WINDOW_S", 5.0)  # the batch ends at the flush
-    wake = decision_writer.writer._wake
+    # the batch ends at the flush
+    monkeypatch.setattr(decision_writer.writer.worker, "window_s", 5.0)
+    wake = decision_writer.writer.worker._wake
     wakes: list[int] = []
     real_set = wake.set
 

@@ -215,7 +215,6 @@ SCENARIOS: dict[str, Scenario] = {
 }
 # Public functions that write nothing themselves.
 NOT_WRITERS = {
-    "confirmations.retry_delay",
     "nodes.lock_card",
     "modes.active_slices",
     "modes.apply_after_release",  # queues `apply_pending_modes` for after the commit
