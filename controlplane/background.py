@@ -113,8 +113,9 @@ class Worker(Generic[T]):
 
     @property
     def pending(self) -> int:
-        """Items submitted and not yet handled."""
-        return sum(not isinstance(item, _Marker) for item in self._items) + self._in_flight
+        """Items submitted and not yet handled (O(1): the deque is not walked, which another
+        thread may change meanwhile)."""
+        return max(0, len(self._items) - self._urgent) + self._in_flight
 
     def start(self) -> bool:
         """Start the thread unless it runs; True when this call started it."""
@@ -200,6 +201,7 @@ class Worker(Generic[T]):
                     break
             else:
                 batch.append(item)
+        self._in_flight = len(batch)
 
     def _run(self) -> None:
         while True:
@@ -226,23 +228,23 @@ class Worker(Generic[T]):
     def _handle(self, batch: list[T], markers: list[_Marker] | None = None) -> None:
         """Hand the batch to the handler; with `retry`, until it succeeds."""
         failures = 0
-        while True:
-            self._in_flight = len(batch)
-            try:
-                self.handle(batch)
-            except Exception:
-                failures += 1
-                log.exception(
-                    "%s: handling a batch of %d failed (attempt %d)", self.name, len(batch),
-                    failures,
-                )  # fmt: skip
-                if self.close is not None:
-                    self.close()  # a broken connection is opened afresh next time
-                if self.retry is None:
-                    break
-                time.sleep(self.retry(failures))
-                if markers is not None:
-                    self._take(batch, markers)  # what arrived meanwhile goes with it
-                continue
-            break
-        self._in_flight = 0
+        try:
+            while True:
+                try:
+                    self.handle(batch)
+                    return
+                except Exception:
+                    failures += 1
+                    log.exception(
+                        "%s: handling a batch of %d failed (attempt %d)", self.name, len(batch),
+                        failures,
+                    )  # fmt: skip
+                    if self.close is not None:
+                        self.close()  # a broken connection is opened afresh next time
+                    if self.retry is None:
+                        return
+                    time.sleep(self.retry(failures))
+                    if markers is not None:
+                        self._take(batch, markers)  # what arrived meanwhile goes with it
+        finally:
+            self._in_flight = 0
