@@ -269,7 +269,7 @@ def allocation_of(binding: PodBinding) -> dict[str, Any]:
         binding.namespace,
         binding.name,
         binding.node.name if binding.node else "",
-        allocation.containers_of(rows),
+        allocation.containers_of(map(allocation.SliceRow._make, rows)),
     )
 
 
