@@ -1,4 +1,5 @@
-"""The extender's three verbs, between the wire format and the ledger (DESIGN §4).
+"""The extender's verbs filter, prioritize and bind, between the wire format and the ledger
+(DESIGN §4); the fourth, preempt, is `controlplane/extender/preemption.py`.
 
 - filter: every feasible node (scoring is the scheduler's job), the rest with the core's reason
   per node; permanent refusals go to FailedAndUnresolvableNodes. Reads the cached snapshot.
@@ -267,7 +268,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
     1. The pod's request: the one its filter parsed (`RecentRequests`), else the pod as the API
        server has it.
     2. `bind_pod`: the ledger's lock -> recompute -> write -> commit. A repeated bind gets the
-       reservation it already made; one already past `reserved` needs no second Binding.
+       reservation it already made; its `send_binding` says whether the Binding still goes.
     3. The Binding through the API server, with the signed allocation as annotations. Refused:
        the reservation is undone. Outcome unknown: it is kept for the reconciler to settle.
     4. Accepted: the confirmation (reserved -> bound) is queued off this path, on a channel that
@@ -298,7 +299,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         )
         _tell_failed(args, exc.message)
         raise BindFailed(exc.message, "refused") from None
-    if reservation.repeat and reservation.phase != PodBinding.Phase.RESERVED:
+    if not reservation.send_binding:
         return BindAnswer("already_bound", reservation)  # bound before: no second Binding
     if not reservation.repeat:
         snapshot_cache.assume(args.node, reservation.claims(), args.pod_uid)
