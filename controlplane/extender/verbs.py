@@ -32,7 +32,6 @@ from controlplane.kube import adapter, events
 from controlplane.kube.base import Kube, KubeError
 from controlplane.ledger import allocation, selectors, usage
 from controlplane.ledger.errors import AlreadyPlaced, ServiceError
-from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import bindings
 from controlplane.ledger.services.bindings import Reservation
 from controlplane.ledger.services.confirmations import confirm_later
@@ -404,17 +403,12 @@ def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | No
         ) from None
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != args.pod_uid:
-        earlier = selectors.binding_of(args.pod_uid)
-        if earlier is not None and earlier.active:
-            where = earlier.node.name if earlier.node else ""
-            if where != args.node:
-                raise BindFailed(
-                    f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
-                    f"{earlier.phase} on node {where or '(none)'}, not {args.node}",
-                    "conflict",
-                )
-            if earlier.phase != PodBinding.Phase.RESERVED:
-                return BindAnswer("already_bound", None)
+        try:
+            earlier = bindings.held_reservation(args.pod_uid, args.node)
+        except AlreadyPlaced as exc:
+            raise BindFailed(exc.message, "conflict") from None
+        if earlier is not None and not earlier.send_binding:
+            return BindAnswer("already_bound", earlier)
     if pod is None:
         raise BindFailed(f"pod {args.namespace}/{args.pod_name} does not exist", "invalid")
     if meta.get("uid") != args.pod_uid:

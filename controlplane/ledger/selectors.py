@@ -242,11 +242,6 @@ def expired_reservations(now: datetime, limit: int = 1000) -> list[ExpiredReserv
     return [ExpiredReservation(*row) for row in rows]
 
 
-def binding_of(pod_uid: str) -> PodBinding | None:
-    """The pod's binding row (any phase), with its node (one query)."""
-    return PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
-
-
 def active_binding_of_pod(namespace: str, name: str) -> PodBinding | None:
     """The active binding of the pod called namespace/name, newest first (one query)."""
     return (

@@ -215,6 +215,7 @@ SCENARIOS: dict[str, Scenario] = {
 }
 # Public functions that write nothing themselves.
 NOT_WRITERS = {
+    "bindings.held_reservation",  # a repeat read back, for a bind whose pod is gone
     "confirmations.retry_delay",
     "nodes.lock_card",
     "modes.active_slices",

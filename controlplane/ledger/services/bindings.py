@@ -228,11 +228,19 @@ def bind_pod(request: PodRequest, node_name: str) -> Reservation:
     )
 
 
+def held_reservation(pod_uid: str, node_name: str) -> Reservation | None:
+    """The active binding the pod holds on this node, read back as a repeat (its `send_binding`
+    says whether the Binding is still to go); None when it holds none; AlreadyPlaced when it is
+    held on another node. Writes nothing: for a bind whose pod the API server no longer has."""
+    existing = PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
+    if existing is None or not existing.active:
+        return None
+    return _repeat(existing, node_name)
+
+
 def _placed_elsewhere(pod_uid: str, node_name: str) -> None:
     """For a bind to a node the ledger lacks: a pod already placed elsewhere says more."""
-    existing = PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
-    if existing is not None and existing.active:
-        _repeat(existing, node_name)
+    held_reservation(pod_uid, node_name)
 
 
 def _repeat(binding: PodBinding, node_name: str) -> Reservation:
