@@ -109,15 +109,15 @@ class AllocationView(APIView):
     )
     def get(self, request: Request, namespace: str, name: str) -> Response:
         _check_pod_name(namespace, name)
-        binding = selectors.active_binding_of_pod(namespace, name)
-        if binding is None:
+        held = selectors.active_allocation_of_pod(namespace, name)
+        if held is None:
             raise NotFound(f"pod {namespace}/{name} has no active GPU binding")
         node = _own_node(request)
-        if node is not None and (binding.node is None or binding.node.name != node):
+        if node is not None and held.node != node:
             raise PermissionDenied(
                 f"this token belongs to node {node!r}; pod {namespace}/{name} is not bound there"
             )
-        return Response(selectors.allocation_of(binding))
+        return Response(held.record)
 
 
 class AllocatedSerializer(StrictSerializer):

@@ -215,6 +215,7 @@ SCENARIOS: dict[str, Scenario] = {
 }
 # Public functions that write nothing themselves.
 NOT_WRITERS = {
+    "bindings.held_reservation",  # a repeat read back, for a bind whose pod is gone
     "nodes.lock_card",
     "modes.active_slices",
     "modes.apply_after_release",  # queues `apply_pending_modes` for after the commit
