@@ -204,7 +204,7 @@ def start_server(
     env: dict[str, str], port: int, tmp: Path, workers: int = 1
 ) -> subprocess.Popen[bytes]:
     """The sidecar as deploy/scheduler/deployment.yaml runs it, on `port` (and `workers`)."""
-    from e2e.cluster import deployed_extender_command, sidecar_argv
+    from e2e.manifests import deployed_extender_command, sidecar_argv
 
     found = deployed_extender_command()
     if found is None:
