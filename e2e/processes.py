@@ -41,7 +41,7 @@ def of_run(pid: int, run_id: str) -> bool:
 def ended(pid: int) -> bool:
     """Whether process `pid` has ended: gone, or a zombie its parent has not reaped."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 
