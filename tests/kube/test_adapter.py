@@ -15,7 +15,7 @@ from controlplane.kube.adapter import get_kube
 from controlplane.kube.base import KubeError, api_ms, reset_api_ms
 from controlplane.kube.embedded import EmbeddedKube
 from controlplane.kube.real import RealKube
-from tests.extender.builders import gpu_pod
+from tests.pods import gpu_pod
 
 STATUS_201 = {
     "kind": "Status",
