@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_extender import settings_from
 from e2e import objects
-from e2e.cluster import ROOT, Cluster, HarnessError, Options, run_folder
+from e2e.cluster import Cluster, Options
 from e2e.database import ScratchDatabase
+from e2e.harness import ROOT, HarnessError, run_folder
 from e2e.objects import Api
 
 

@@ -17,7 +17,8 @@ from controlplane.ledger.models import Card, Node
 from controlplane.ledger.services.cordons import set_card_cordon, set_node_cordon
 from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
 from tests.builders import card_report
-from tests.dashboard.builders import gpu_container, make_node, person, pod, signed_in
+from tests.dashboard.builders import make_node, person, pod, signed_in
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

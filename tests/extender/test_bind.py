@@ -14,8 +14,9 @@ from controlplane.ledger import allocation
 from controlplane.ledger.models import PodBinding, SchedulingDecision, Slice
 from controlplane.ledger.selectors import expired_reservations
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod, plain_pod
+from tests.extender.builders import bind_args, filter_args, plain_pod
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

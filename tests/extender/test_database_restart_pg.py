@@ -21,8 +21,9 @@ from controlplane.extender import decision_writer
 from controlplane.ledger.models import SchedulingDecision
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, using_postgres
-from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.builders import filter_args
 from tests.extender.test_fastpath import call
+from tests.pods import gpu_pod
 
 pytestmark = [
     pytest.mark.postgres,

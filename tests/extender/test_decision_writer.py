@@ -11,8 +11,9 @@ from controlplane.extender import decision_writer
 from controlplane.ledger.models import SchedulingDecision
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, token_client
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 
 @pytest.mark.django_db(transaction=True)

@@ -16,8 +16,9 @@ from controlplane.ledger.services import bindings, decisions, nominations
 from controlplane.ledger.why import pod_status as status_of
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

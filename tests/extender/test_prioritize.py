@@ -7,8 +7,9 @@ import pytest
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import filter_args, gpu_pod, plain_pod
+from tests.extender.builders import filter_args, plain_pod
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import deployed_extender_command, free_port, sidecar_argv, stop_process_tree
+from e2e.manifests import deployed_extender_command, sidecar_argv
+from e2e.ports import free_port
+from e2e.processes import stop_process_tree
+from tests.pods import gpu_container, pod_json
 
 ROOT = Path(__file__).resolve().parents[2]
 # kube-scheduler's idle-connection timeout (Go's http.DefaultTransport.IdleConnTimeout).
@@ -35,7 +38,7 @@ def sidecar(tmp_path: Path) -> Iterator[int]:
     database and the embedded stand-in; yields its port."""
     found = deployed_extender_command()
     assert found is not None, "deploy/scheduler/deployment.yaml has no extender command"
-    port = free_port(set())
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "DJANGO_"))}
     env.update(
         DATABASE_URL=f"sqlite:///{tmp_path / 'sidecar.sqlite3'}",
@@ -78,17 +81,7 @@ def sidecar(tmp_path: Path) -> Iterator[int]:
 
 
 def _filter(conn: http.client.HTTPConnection, name: str) -> dict:
-    pod = {
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
-                }
-            ]
-        },
-    }
+    pod = pod_json(name, uid=f"uid-{name}", containers=[gpu_container("c", gpus=1, mem=1000)])
     body = json.dumps({"Pod": pod, "NodeNames": ["gpu-0"]}).encode()
     conn.request(
         "POST", "/scheduler/filter", body=body, headers={"Content-Type": "application/json"}

@@ -12,8 +12,9 @@ from prometheus_client import REGISTRY
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import confirmations
 from tests.builders import make_node
-from tests.extender.builders import bind_args, gpu_pod
+from tests.extender.builders import bind_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -37,8 +37,9 @@ from controlplane.ledger.services import (
     quotas,
 )
 from controlplane.scheduling import CardClaim, parse_pod
-from tests.builders import card_report, gpu_container, make_node, pod_json
+from tests.builders import card_report, make_node
 from tests.ledger_guard import ROOT, guarded
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,8 @@ import pytest
 from controlplane.ledger import selectors, sql, usage
 from controlplane.ledger.models import Card
 from controlplane.scheduling import EXCLUSIVE_CORES, QuotaUsage
-from tests.dashboard.builders import gpu_container, make_node, pod
+from tests.dashboard.builders import make_node, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.request
 import uuid as uuidlib
@@ -81,12 +80,6 @@ def expected_env(slices: list[Slice]) -> dict[str, str]:
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> Scrape:

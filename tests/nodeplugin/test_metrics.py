@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import cast
 
+from e2e.ports import free_port
 from nodeplugin.cards import Card
 from nodeplugin.metrics import (
     CARD_LABELS,
@@ -29,7 +30,6 @@ from tests.nodeplugin.helpers import (
     Scrape,
     bind_pod,
     cdi_name,
-    free_port,
     region_bytes,
     scrape_when,
 )

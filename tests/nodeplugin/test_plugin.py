@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from e2e.ports import free_port
 from nodeplugin.app import STOPPING, UNREGISTERED
 from nodeplugin.pb import dp
 from tests.nodeplugin.conftest import eventually, fake_node, run
@@ -24,7 +25,6 @@ from tests.nodeplugin.helpers import (
     cdi_name,
     cdi_spec,
     expected_env,
-    free_port,
     region_bytes,
     scrape_when,
     spec_env,

@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from e2e import objects
-from e2e.cluster import HarnessError, Options, build_binaries, run_folder
+from e2e.cluster import Options
+from e2e.harness import HarnessError, build_binaries, run_folder
 from e2e.node import NODE_NAME, RealNodeCluster
 from tests.deploy.chart import CHART, run_helm
 from tests.nodeplugin.harness.gpu import FakeCard, build_fake_nvml

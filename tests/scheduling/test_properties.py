@@ -35,7 +35,8 @@ from controlplane.scheduling import (
 )
 from controlplane.scheduling import fit as fit_module
 from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS, STALE_NAMES
-from tests.scheduling.builders import card, k8s_container, pod_json
+from tests.pods import container as k8s_container
+from tests.scheduling.builders import card, pod_json
 from tests.scheduling.builders import node as build_node
 
 PROFILE = settings(
