@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from nodeplugin.cards import Card, Health
+from nodeplugin.dra_claims import quantity
 from nodeplugin.dra_slices import (
     DRIVER,
     UNHEALTHY_TAINT,
@@ -212,3 +213,30 @@ def test_the_api_device_limit_with_taints_is_kept() -> None:
 def test_no_cards_gives_an_empty_pool() -> None:
     (s,) = build([])
     assert s["spec"]["devices"] == []
+
+
+def _api_accepts(value: int, policy: dict[str, Any]) -> bool:
+    """kube-apiserver's checks of a request policy (pkg/apis/resource/validation,
+    validateRequestPolicyRange and validateRequestPolicyValidValues), on whole numbers."""
+    default = quantity(policy["default"], "default")
+    if "validValues" in policy:
+        values = [quantity(v, "v") for v in policy["validValues"]]
+        return values == sorted(values) and default in values and max(values) <= value
+    r = policy["validRange"]
+    low = quantity(r["min"], "min")
+    high = quantity(r["max"], "max") if "max" in r else value
+    step = quantity(r["step"], "step") if "step" in r else 1
+    return (
+        low <= default <= high <= value
+        and low + step <= value
+        and (default - low) % step == 0
+        and (high - low) % step == 0
+    )
+
+
+@pytest.mark.parametrize("mode", ["shared", "mps"])
+def test_request_policies_pass_the_api_servers_validation(mode: str) -> None:
+    card = Card("GPU-s", 0, "L4", 23034, 0)
+    (device,) = build([card], modes={"GPU-s": mode}, slots=3)[0]["spec"]["devices"]
+    for name, cap in device["capacity"].items():
+        assert _api_accepts(quantity(cap["value"], name), cap["requestPolicy"]), name
