@@ -11,7 +11,7 @@ own, so a node with MIG cards publishes two slices.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeplugin.allocation import MIG, MODES, MPS, SHARED
@@ -269,3 +269,25 @@ def build_slices(
     if counter_sets:
         slices.append(_slice(node, generation, count, True, counter_sets))
     return slices
+
+
+class Pool:
+    """The node's pool over time: a new generation exactly when what it publishes changes (a
+    card's health, mode, MIG layout), so consumers that keep the highest generation never mix
+    an old slice with a new one, and an unchanged heartbeat writes nothing."""
+
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation  # continue from what the API server holds after a restart
+        self._last: list[dict[str, object]] | None = None
+
+    def update(
+        self, slices_at: Callable[[int], list[dict[str, object]]]
+    ) -> list[dict[str, object]] | None:
+        """The slices to publish, or None when nothing changed since the last call.
+        ``slices_at(generation)`` builds the node's slices now (:func:`build_slices`)."""
+        content = slices_at(0)
+        if content == self._last:
+            return None
+        self._last = content
+        self.generation += 1
+        return slices_at(self.generation)

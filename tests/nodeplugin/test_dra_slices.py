@@ -14,6 +14,7 @@ from nodeplugin.dra_slices import (
     MigLayout,
     MigOffer,
     NodeVersions,
+    Pool,
     SliceError,
     build_slices,
     semver,
@@ -240,3 +241,26 @@ def test_request_policies_pass_the_api_servers_validation(mode: str) -> None:
     (device,) = build([card], modes={"GPU-s": mode}, slots=3)[0]["spec"]["devices"]
     for name, cap in device["capacity"].items():
         assert _api_accepts(quantity(cap["value"], name), cap["requestPolicy"]), name
+
+
+def test_pool_moves_to_a_new_generation_exactly_when_its_content_changes() -> None:
+    pool = Pool(generation=41)  # continues from the API server's after a restart
+
+    def update(**kw: Any) -> list[dict[str, Any]] | None:
+        return pool.update(lambda generation: build([A, B], generation=generation, **kw))
+
+    first = update()
+    assert first is not None and first[0]["spec"]["pool"]["generation"] == 42
+    assert update() is None  # a heartbeat with nothing new publishes nothing
+    sick = update(health={"GPU-a": Health(False, "XID 79")})
+    assert sick is not None and sick[0]["spec"]["pool"]["generation"] == 43
+    assert devices(sick)["gpu-0"]["taints"]
+    well = update()
+    assert well is not None and "taints" not in devices(well)["gpu-0"]
+    assert well[0]["spec"]["pool"]["generation"] == 44
+    exclusive = update(modes={"GPU-b": "exclusive"})
+    assert exclusive is not None and exclusive[0]["spec"]["pool"]["generation"] == 45
+    assert "allowMultipleAllocations" not in devices(exclusive)["gpu-1"]
+    # A node whose MIG card grows a counters slice moves both slices to one generation.
+    mig = update(modes={"GPU-a": "mig"}, mig={"GPU-a": A100_MIG})
+    assert mig is not None and [s["spec"]["pool"]["generation"] for s in mig] == [46, 46]
