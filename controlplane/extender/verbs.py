@@ -1,5 +1,5 @@
 """The extender's verbs filter, prioritize and bind, between the wire format and the ledger
-(DESIGN §4); the fourth, preempt, is `controlplane/extender/preemption.py`.
+(DESIGN §4); the fourth, preempt, is `controlplane/extender/preemption/verb.py`.
 
 - filter: every feasible node (scoring is the scheduler's job), the rest with the core's reason
   per node; permanent refusals go to FailedAndUnresolvableNodes. Reads the cached snapshot.
