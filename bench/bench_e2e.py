@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="also run (d): the extender sidecar from the code of another clone of the project "
         "(e.g. the commit before a change), on the same cluster, database and settings (a clone "
-        "without controlplane/granian_cli.py runs granian's own command line)",
+        "without controlplane/sidecar.py runs granian's own command line)",
     )
     parser.add_argument(
         "--variant-profile",
