@@ -185,8 +185,8 @@ def cpu_spent(
     """CPU seconds per component between two `cpu_by_process` readings, process by process
     (a database connection closed meanwhile takes its earlier CPU with it, so component totals
     cannot simply be subtracted); what the machine spent beyond them is `other`, which includes
-    processes that exited before the second reading (database connections past Django's
-    CONN_MAX_AGE in a long backlog)."""
+    processes that exited before the second reading (database connections the pool closed
+    after a minute idle in a long backlog)."""
     spent: dict[str, float] = {}
     for pid, (name, seconds) in after.items():
         earlier = before.get(pid)
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="also run (d): the extender sidecar from the code of another clone of the project "
         "(e.g. the commit before a change), on the same cluster, database and settings (a clone "
-        "without controlplane/granian_cli.py runs granian's own command line)",
+        "without controlplane/sidecar.py runs granian's own command line)",
     )
     parser.add_argument(
         "--variant-profile",

@@ -79,12 +79,12 @@ def deployed_extender_command() -> tuple[list[str], str] | None:
 
 
 # The servers the harness can point at its own port, by the module the venv's Python runs:
-# their console scripts, and granian's command line as the sidecar runs it (the ceiling of its
-# header-read timeout lifted, controlplane/granian_cli.py).
+# their console scripts, and the sidecar's own start of granian (granian's option names, its
+# header-read timeout without the command line's ceiling, controlplane/sidecar.py).
 SIDECAR_SERVERS = {
     "granian": "granian",
     "gunicorn": "gunicorn",
-    "controlplane.granian_cli": "granian",
+    "controlplane.sidecar": "granian",
 }
 
 
@@ -140,9 +140,9 @@ def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
 
 def launcher_of(checkout: Path, module: str, argv: list[str]) -> list[str]:
     """The sidecar's argv for another checkout (a bench's variant), whose own `controlplane`
-    package comes first on the path: a checkout from before controlplane/granian_cli.py runs
-    granian's own command line, with granian's default header-read timeout (what that code ran
-    with: idle connections closed after 30 s)."""
+    package comes first on the path: a checkout without the module (controlplane/sidecar.py)
+    runs granian's own command line, with granian's default header-read timeout (idle
+    connections closed after 30 s)."""
     if (checkout / Path(*module.split("."))).with_suffix(".py").is_file():
         return argv
     log(f"{checkout}: no {module}: its sidecar runs granian's own command line")

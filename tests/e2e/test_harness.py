@@ -194,8 +194,8 @@ def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None
     assert argv[1:] == ["-m", "granian", "--host=127.0.0.1", "--port=9", "app:application"]
     argv = sidecar_argv(["gunicorn", "app", "--bind=0.0.0.0:8001"], 9, "x")
     assert argv[1:] == ["-m", "gunicorn", "app", "--bind=127.0.0.1:9"]
-    argv = sidecar_argv(["python", "-m", "controlplane.granian_cli", "--port=1", "app"], 9, "x")
-    assert argv[1:] == ["-m", "controlplane.granian_cli", "--port=9", "app"]
+    argv = sidecar_argv(["python", "-m", "controlplane.sidecar", "--port=1", "app"], 9, "x")
+    assert argv[1:] == ["-m", "controlplane.sidecar", "--port=9", "app"]
     with pytest.raises(HarnessError, match="x: the command \\['uvicorn'\\] is not granian"):
         sidecar_argv(["uvicorn", "--port=1", "app"], 9, "x")
     with pytest.raises(HarnessError, match="\\['python', '-m', 'uvicorn'\\] is not granian"):

@@ -83,8 +83,8 @@ def test_controlplane_entry_points(built: dict[str, images.Image]) -> None:
     env = {"TESSERA_ENV": "dev", "TESSERA_LOCAL_DIR": "/tmp/tessera"}
     assert "gunicorn" in run(image, "gunicorn", "--version")
     assert "granian" in run(image, "granian", "--version").lower()
-    # The extender sidecar's command (granian's command line, controlplane/granian_cli.py).
-    sidecar = run(image, "python", "-m", "controlplane.granian_cli", "--version")
+    # The extender sidecar's command (granian through its server class, controlplane/sidecar.py).
+    sidecar = run(image, "python", "-m", "controlplane.sidecar", "--version")
     assert sidecar.split()[-1] == run(image, "granian", "--version").split()[-1]
     assert "controlplane" in run(image, "celery", "-A", "controlplane.celery", "report", env=env)
     checked = run(image, "python", "manage.py", "check", env=env)

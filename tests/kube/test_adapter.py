@@ -150,7 +150,7 @@ def test_the_generated_client_alone_would_mistake_that_status_for_a_failure(api_
         target=k8s.V1ObjectReference(kind="Node", name="n1"),
     )
     with pytest.raises(ValueError, match="target"):
-        api_server._api.create_namespaced_pod_binding("p", "default", body)
+        api_server.api.create_namespaced_pod_binding("p", "default", body)
     assert FakeApiServer.requests[-1][0] == "POST"  # the POST did go out
 
 
