@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from e2e import cluster as harness  # noqa: E402 - after the path insert
 from e2e.certificates import make_certificates, write_kubeconfig  # noqa: E402
 from e2e.harness import build_binaries, load_versions  # noqa: E402
-from e2e.ports import free_port  # noqa: E402
 from e2e.objects import create_namespace  # noqa: E402
+from e2e.ports import free_port  # noqa: E402
 
 NAMESPACE = "bench"
 
