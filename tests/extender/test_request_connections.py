@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.builders import filter_args
 from tests.extender.test_fastpath import call
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
