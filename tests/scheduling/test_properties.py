@@ -1,7 +1,7 @@
 """Property tests: random clusters and requests against the documented rules.
 
 The reference model below re-states docs/scheduling.md in the plainest code possible (one
-card, one slice, one check at a time) so that the fast paths in fit.py are checked against
+card, one slice, one check at a time) so that the fast paths in fastcheck.py are checked against
 the rules, not against themselves.
 """
 
