@@ -170,40 +170,55 @@ def _multi_abs_fitter(plan: Plan) -> _Fitter:
         fs_ = list(view.fslots) if view.min_live_slots < n_app else None
         work = list(keys)
         # A picked card's key is rewritten in place as soon as it is picked: the scan never
-        # returns to an index it passed, and the list is re-sorted once per container.
-        # Binpack reads the keys upwards from the first that fits; spread reads them from the
-        # top down (its positions are stored flipped, KEY_MASK ^ p) to the first too small.
-        flip = 0 if binpack else KEY_MASK
+        # returns to an index it passed, and the list is re-sorted once per container. Binpack
+        # and spread scan in two loops of the same body: one loop over a range in either
+        # direction cost 15 % more on the 4 x 2 GPUs filter (bench_core, 1,000 nodes).
         for need, cores, gpus in apps:
             floor = need << KEY_BITS  # keys >= floor: exactly the cards with free >= need
             last = len(work)
-            if binpack:
-                first = bisect_left(work, floor)
-                if last - first < gpus:
-                    return False
-                scan = range(first, last)
-            else:
-                scan = range(last - 1, -1, -1)
             left = gpus
-            for j in scan:
-                key = work[j]
-                if key < floor:
+            if binpack:
+                j = bisect_left(work, floor)
+                if last - j < gpus:
                     return False
-                p = (key & KEY_MASK) ^ flip
-                # Live cards have compute left (or none to book: 0 units), so a 0% ask
-                # passes; a pick that books the last of it retires the card.
-                if fc_[p] >= cores:
-                    fc_[p] -= cores
-                    if fs_ is None:
-                        work[j] = _GONE if cores and not fc_[p] else key - floor
-                    else:
-                        fs_[p] -= 1
-                        work[j] = key - floor if fs_[p] and (fc_[p] or not cores) else _GONE
-                    left -= 1
-                    if not left:
-                        break
+                while j < last:
+                    key = work[j]
+                    p = key & KEY_MASK
+                    # Live cards have compute left (or none to book: 0 units), so a 0% ask
+                    # passes; a pick that books the last of it retires the card.
+                    if fc_[p] >= cores:
+                        fc_[p] -= cores
+                        if fs_ is None:
+                            work[j] = _GONE if cores and not fc_[p] else key - floor
+                        else:
+                            fs_[p] -= 1
+                            work[j] = key - floor if fs_[p] and (fc_[p] or not cores) else _GONE
+                        left -= 1
+                        if not left:
+                            break
+                    j += 1
+                else:
+                    return False
             else:
-                return False
+                j = last - 1
+                while j >= 0:
+                    key = work[j]
+                    if key < floor:
+                        return False
+                    p = KEY_MASK - (key & KEY_MASK)
+                    if fc_[p] >= cores:
+                        fc_[p] -= cores
+                        if fs_ is None:
+                            work[j] = _GONE if cores and not fc_[p] else key - floor
+                        else:
+                            fs_[p] -= 1
+                            work[j] = key - floor if fs_[p] and (fc_[p] or not cores) else _GONE
+                        left -= 1
+                        if not left:
+                            break
+                    j -= 1
+                else:
+                    return False
             work.sort()
         return True
 
