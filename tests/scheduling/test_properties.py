@@ -34,7 +34,7 @@ from controlplane.scheduling import (
     usage_of,
 )
 from controlplane.scheduling import fit as fit_module
-from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS, STALE_NAMES
+from controlplane.scheduling.memo import MEMO_KEYS, RANK_KEYS, STALE_NAMES
 from tests.scheduling.builders import card, k8s_container, pod_json
 from tests.scheduling.builders import node as build_node
 
