@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from functools import partial
 
 from controlplane.scheduling.claims import EXCLUSIVE_CORES
-from controlplane.scheduling.memory import MIB, PERCENT, WHOLE, slice_mib
+from controlplane.scheduling.memory import MIB, PERCENT, WHOLE, sizer
 from controlplane.scheduling.placement import (
     Failure,
     MigFailure,
@@ -49,13 +49,13 @@ def _count(view: NodeView, cp: ContainerPlan, allowed: tuple[bool, ...] | None, 
     Same test as the greedy's, on the initial state: ``fmem`` already folds "exclusive
     tenant", "no free slot" and "no compute left" into -1 MiB, which no need (>= 0) fits in.
     """
-    kind, value, cores, strict = cp.kind, cp.value, cp.cores, cp.strict
+    size, cores, strict = cp.need, cp.cores, cp.strict
     fmem, fcu, tmem, busy = view.fmem, view.fcu, view.tmem, view.busy
     found = 0
     for p in range(view.n):
         if allowed is not None and not allowed[p]:
             continue
-        need = slice_mib(kind, value, tmem[p])
+        need = size(tmem[p])
         if fmem[p] >= need and fcu[p] >= cores and not (strict and busy[p]):
             found += 1
             if found >= enough:
@@ -88,7 +88,9 @@ def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, e
     """
     n_app = len(plan.apps)
     stack = plan.stack
-    base, pcts, wholes, cores = stack.mib, stack.percents, stack.wholes, stack.cores
+    base, wholes, cores = stack.mib, stack.wholes, stack.cores
+    shares = tuple(sizer(PERCENT, pct) for pct in stack.percents)
+    whole = sizer(WHOLE, 100)
     raw, fcu, fslots, excl, tmem = view.raw_fmem, view.fcu, view.fslots, view.excl, view.tmem
     found = 0
     for p in range(view.n):
@@ -97,9 +99,9 @@ def _count_stack(view: NodeView, plan: Plan, allowed: tuple[bool, ...] | None, e
         if excl[p] or fslots[p] < n_app or fcu[p] < cores:
             continue
         total = tmem[p]
-        need = base + wholes * slice_mib(WHOLE, 100, total)
-        for pct in pcts:
-            need += slice_mib(PERCENT, pct, total)
+        need = base + wholes * whole(total)
+        for share in shares:
+            need += share(total)
         if raw[p] >= need:
             found += 1
             if found >= enough:
@@ -405,10 +407,11 @@ def _left(percent: int, cores: int, node: NodeState) -> int | None:
     view = node.view
     if not view.ok:
         return None
+    share = sizer(PERCENT, percent)
     best = None
     for fm, fc, tm in zip(view.fmem, view.fcu, view.tmem, strict=True):
         if fm >= 0 and fc >= cores:
-            left = fm - slice_mib(PERCENT, percent, tm)
+            left = fm - share(tm)
             if best is None or left > best:
                 best = left
     return best

@@ -22,7 +22,7 @@ from controlplane.scheduling.config import (
     SPREAD,
     SchedulingConfig,
 )
-from controlplane.scheduling.memory import MIB, PERCENT, WHOLE, memory_ask, slice_mib
+from controlplane.scheduling.memory import MIB, PERCENT, WHOLE, memory_ask, sizer, slice_mib
 from controlplane.scheduling.mig import GEOMETRIES
 from controlplane.scheduling.quantity import parse_quantity
 from controlplane.scheduling.state import EXCLUSIVE, MIG, MPS, SHARED
@@ -118,15 +118,17 @@ class ContainerRequest:
 class ContainerPlan:
     """One container's ask in the shape the filter's loops want (internal to the core).
 
-    ``kind`` and ``value``: the memory ask (:func:`~controlplane.scheduling.memory.memory_ask`).
+    ``kind`` and ``value``: the memory ask (:func:`~controlplane.scheduling.memory.memory_ask`);
+    ``need(card_mib)``: the MiB one slice takes on a card of that size
+    (:func:`~controlplane.scheduling.memory.sizer`).
     ``strict``: the slice takes only a card that holds no slice yet (it asks 100% compute, or
     the pod's GPU policy is ``mutex``). ``whole``: memory and compute of the whole card (the
     one slice an exclusive-mode card takes).
     """
 
     __slots__ = (
-        "cores", "gpus", "init", "kind", "mig_profile", "request", "sidecar", "strict", "value",
-        "whole",
+        "cores", "gpus", "init", "kind", "mig_profile", "need", "request", "sidecar", "strict",
+        "value", "whole",
     )  # fmt: skip
 
     def __init__(self, request: ContainerRequest, mutex: bool = False) -> None:
@@ -137,12 +139,9 @@ class ContainerPlan:
         self.cores = request.cores
         self.strict = request.cores >= EXCLUSIVE_CORES or mutex
         self.kind, self.value = memory_ask(request.memory_mib, request.memory_percent)
+        self.need: Callable[[int], int] = sizer(self.kind, self.value)
         self.whole = self.kind != MIB and self.value == 100 and self.cores >= EXCLUSIVE_CORES
         self.mig_profile = request.mig_profile
-
-    def need(self, total_mib: int) -> int:
-        """MiB one slice takes on a card of ``total_mib``."""
-        return slice_mib(self.kind, self.value, total_mib)
 
 
 @dataclass(frozen=True, slots=True)
