@@ -21,14 +21,8 @@ from controlplane.scheduling.config import (
     ResourceNames,
     SchedulingConfig,
 )
-from controlplane.scheduling.fit import (
-    explain,
-    filter_nodes,
-    fit_node,
-    place_on_node,
-    prioritize,
-    score_node,
-)
+from controlplane.scheduling.explain import explain
+from controlplane.scheduling.fit import filter_nodes, fit_node, place_on_node
 from controlplane.scheduling.quantity import parse_quantity
 from controlplane.scheduling.quota import (
     QuotaLimits,
@@ -45,6 +39,7 @@ from controlplane.scheduling.request import (
     parse_pod,
 )
 from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
+from controlplane.scheduling.score import prioritize, score_node
 from controlplane.scheduling.state import CardState, NodeState, Snapshot
 
 __all__ = [
