@@ -20,13 +20,14 @@ SEED ?=
 # Where `make push` sends the images (host[:port][/path]); see docs/operator-guide.md.
 REGISTRY ?=
 
-.PHONY: help venv images push run worker beat migrate demo test check test-unit test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e chaos check-shim lint bench clean services services-down
+.PHONY: help venv images push run worker beat migrate demo test check test-unit test-deploy e2e e2e-chart e2e-build e2e-up e2e-down bench-e2e bench-compare chaos check-shim lint bench clean services services-down
 
 help:
 	@echo "make run     set up and serve the control plane on 127.0.0.1:$(PORT) (demo when no cluster)"
 	@echo "make test    set up and run the whole suite (what CI runs), each stage timed"
 	@echo "make check   before each commit: lint, the shim's checks, every test that needs no cluster"
 	@echo "make bench   print the benchmarks' figures"
+	@echo "make bench-compare BEFORE=DIR BENCH=\"bench/bench_core.py --nodes 1000\"  one benchmark, two checkouts, side by side"
 	@echo "make lint    ruff, mypy, import-linter"
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
 	@echo "make e2e-chart  the real-cluster suite with the control plane configured from the Helm chart"
@@ -133,6 +134,15 @@ chaos: venv
 
 bench-e2e: venv
 	@eval "$$(scripts/services.sh up)" && $(PY) bench/bench_e2e.py --database-url "$$TEST_POSTGRES_URL"
+
+# One benchmark from two checkouts in turns, each figure side by side with after/before
+# (bench/side_by_side.py): make bench-compare BEFORE=../before BENCH="bench/bench_core.py --nodes 1000"
+# For bench_extender, add --database-url "$$TEST_POSTGRES_URL" to BENCH; the services are up.
+BENCH ?= bench/bench_core.py
+RUNS ?= 3
+bench-compare: venv
+	@[ -n "$(BEFORE)" ] || { echo "make bench-compare: set BEFORE=<a checkout of the commit before>" >&2; exit 2; }
+	@eval "$$(scripts/services.sh up)" && $(PY) bench/side_by_side.py --before "$(BEFORE)" --runs $(RUNS) -- $(BENCH)
 
 services:
 	@scripts/services.sh up
