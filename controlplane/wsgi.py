@@ -1,7 +1,9 @@
 """WSGI entry point for the production app servers (gunicorn controlplane.wsgi; granian
 controlplane.wsgi:application for the scheduler's extender sidecar).
 
-The extender's four verbs skip Django's middleware (controlplane/extender/fastpath.py)."""
+The extender's four verbs skip Django's middleware (controlplane/extender/fastpath.py); every
+request ties its thread's database connections to the thread's life, since granian ends idle
+threads (controlplane/threadconns.py)."""
 
 import os
 
@@ -11,5 +13,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 application = get_wsgi_application()
 
 from controlplane.extender.fastpath import ExtenderFastPath  # noqa: E402 - needs the apps loaded
+from controlplane.threadconns import ClosedWithThread  # noqa: E402
 
-application = ExtenderFastPath(application)
+application = ClosedWithThread(ExtenderFastPath(application))
