@@ -137,12 +137,13 @@ bench-e2e: venv
 
 # One benchmark from two checkouts in turns, each figure side by side with after/before
 # (bench/side_by_side.py): make bench-compare BEFORE=../before BENCH="bench/bench_core.py --nodes 1000"
-# For bench_extender, add --database-url "$$TEST_POSTGRES_URL" to BENCH; the services are up.
+# bench_extender gets the services' PostgreSQL (BENCH_DATABASE_URL) for its scratch databases.
 BENCH ?= bench/bench_core.py
 RUNS ?= 3
 bench-compare: venv
 	@[ -n "$(BEFORE)" ] || { echo "make bench-compare: set BEFORE=<a checkout of the commit before>" >&2; exit 2; }
-	@eval "$$(scripts/services.sh up)" && $(PY) bench/side_by_side.py --before "$(BEFORE)" --runs $(RUNS) -- $(BENCH)
+	@eval "$$(scripts/services.sh up)" && BENCH_DATABASE_URL="$$TEST_POSTGRES_URL" \
+		$(PY) bench/side_by_side.py --before "$(BEFORE)" --runs $(RUNS) -- $(BENCH)
 
 services:
 	@scripts/services.sh up
