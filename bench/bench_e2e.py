@@ -59,8 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_extender import settings_from
 from e2e import objects
-from e2e.cluster import ROOT, Cluster, ExtenderSetup, HarnessError, Options, run_folder
+from e2e.cluster import Cluster, ExtenderSetup, Options
 from e2e.database import ScratchDatabase
+from e2e.harness import ROOT, HarnessError, run_folder
 from e2e.objects import Api
 
 
@@ -530,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="also run (v): the extender sidecar from the code of another clone of the project "
         "(e.g. the commit before a change), on the same cluster, database and settings (a clone "
-        "without controlplane/granian_cli.py runs granian's own command line)",
+        "without controlplane/sidecar.py runs granian's own command line)",
     )
     parser.add_argument(
         "--variant-profile",

@@ -39,7 +39,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,18 +53,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from e2e.database import ScratchDatabase  # noqa: E402 - after the path insert
+from e2e.ports import free_port  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "extender" / "fixtures" / "pod_v1_trainer.json"
 MODELS = (("NVIDIA A100-SXM4-80GB", 81920), ("NVIDIA A100-PCIE-40GB", 40960), ("NVIDIA L4", 24576))
 SIZES = (1000, 2000, 4000, 8000)
 CORES = (0, 0, 10, 20, 25)
 TARGETS = {"filter": 5.0, "prioritize": 5.0, "bind": 10.0, "burst_s": 10.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], p: float) -> float:
@@ -204,7 +198,7 @@ def start_server(
     env: dict[str, str], port: int, tmp: Path, workers: int = 1
 ) -> subprocess.Popen[bytes]:
     """The sidecar as deploy/scheduler/deployment.yaml runs it, on `port` (and `workers`)."""
-    from e2e.cluster import deployed_extender_command, sidecar_argv
+    from e2e.manifests import deployed_extender_command, sidecar_argv
 
     found = deployed_extender_command()
     if found is None:

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.models import Model, QuerySet
 
 
@@ -133,9 +133,12 @@ def rows_of(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:
     At cluster scale (8,000 cards, 20,000 slices) the converters cost more than the query. Only
     for columns whose database values are already what the caller needs: integers, text, and
     booleans used as truth values (SQLite gives 0/1). The SQL is still built by the ORM, and the
-    query still goes through Django's cursor (so query counting sees it).
+    query still goes through Django's cursor (so query counting sees it). The SQL comes from
+    the query's public `sql_with_params()`, which compiles it for the default database: the
+    only one the control plane has, which the assertion keeps true.
     """
-    sql, params = qs.query.get_compiler(using=qs.db).as_sql()
-    with connections[qs.db].cursor() as cursor:
+    assert qs.db == DEFAULT_DB_ALIAS, f"rows_of compiles for {DEFAULT_DB_ALIAS!r}, not {qs.db!r}"
+    sql, params = qs.query.sql_with_params()
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()

@@ -1,7 +1,7 @@
 """WSGI entry point for the production app servers (gunicorn controlplane.wsgi; granian
 controlplane.wsgi:application for the scheduler's extender sidecar).
 
-The extender's three verbs skip Django's middleware (controlplane/extender/fastpath.py); every
+The extender's four verbs skip Django's middleware (controlplane/extender/fastpath.py); every
 request ties its thread's database connections to the thread's life, since granian ends idle
 threads (controlplane/threadconns.py)."""
 

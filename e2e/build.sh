@@ -11,7 +11,9 @@
 # Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
 # that is already there is kept, so a warm run costs nothing. --force rebuilds.
 #   e2e/build.sh [--force] [NAME...]   NAMEs: see ALL below (default: all)
-# Go's module and build caches live under the same cache folder, not in $HOME.
+# Go's module and build caches live under the same cache folder, not in $HOME. Several build.sh
+# may run at once (the suite's background build and a test asking for a binary): each binary is
+# built under a lock of its own, and one that waited finds the binary built.
 # Prints one line per binary: "<name> <path>".
 set -euo pipefail
 
@@ -61,6 +63,7 @@ prepare() {
   }
   if ! go_new_enough; then
     goroot=$CACHE/toolchain/$GO_TOOLCHAIN
+    take_lock toolchain
     if [ ! -x "$goroot/bin/go" ]; then
       arch=$(uname -m); case $arch in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; esac
       proxy=${GOPROXY:-https://proxy.golang.org}; proxy=${proxy%%,*}
@@ -72,6 +75,7 @@ prepare() {
       mkdir -p "$(dirname "$goroot")"
       mv "$tmp/golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-$arch" "$goroot"; rm -rf "$tmp"
     fi
+    drop_lock toolchain
     export PATH=$goroot/bin:$PATH GOROOT=$goroot
   fi
   export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOTOOLCHAIN=local
@@ -88,6 +92,21 @@ prepare() {
   fi
 }
 
+# take_lock NAME / drop_lock NAME: one holder of $CACHE/locks/NAME at a time (flock; released
+# by the kernel if this script dies).
+declare -A LOCKS=()
+take_lock() {
+  local fd
+  mkdir -p "$CACHE/locks"
+  exec {fd}>"$CACHE/locks/$1"
+  if ! flock -n "$fd"; then
+    log "waiting for another e2e/build.sh to finish $1"
+    flock "$fd"
+  fi
+  LOCKS[$1]=$fd
+}
+drop_lock() { exec {LOCKS[$1]}>&-; unset "LOCKS[$1]"; }
+
 # build_one NAME VERSION COMMAND...: run COMMAND with $OUT set to a fresh folder, then move
 # $OUT/NAME into place (so a half-built binary is never mistaken for a finished one).
 build_one() {
@@ -96,6 +115,10 @@ build_one() {
   if [ "$FORCE" = 0 ] && [ -x "$dir/$name" ]; then
     echo "$name $dir/$name"; return 0
   fi
+  take_lock "$name-$version"
+  if [ "$FORCE" = 0 ] && [ -x "$dir/$name" ]; then  # built by the build we waited for
+    drop_lock "$name-$version"; echo "$name $dir/$name"; return 0
+  fi
   prepare
   local out; out=$(mktemp -d "$CACHE/build.XXXXXX")
   local start=$SECONDS
@@ -103,6 +126,7 @@ build_one() {
   OUT=$out "$@" || { rm -rf "$out"; die "building $name $version failed (output above)"; }
   [ -x "$out/$name" ] || { rm -rf "$out"; die "building $name $version produced no binary"; }
   mkdir -p "$dir"; mv -f "$out/$name" "$dir/$name"; rm -rf "$out"
+  drop_lock "$name-$version"
   log "built $name $version in $((SECONDS - start)) s"
   echo "$name $dir/$name"
 }

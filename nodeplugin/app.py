@@ -54,6 +54,16 @@ from nodeplugin.writer import Writer
 log = logging.getLogger("nodeplugin")
 # A part of the inventory report the control plane refused is offered again after this long.
 REFUSED_PART_RETRY_S = 600.0
+# The kubelet opens ListAndWatch within milliseconds of a registration it accepted; with no
+# stream of ours this long after registering, it has dropped us and is asked again.
+STREAM_WAIT_S = 3.0
+# How long the first inventory report waits for the kubelet to take the cards, so that a
+# plugin that starts does not report them unavailable for the blink before it is registered.
+FIRST_REPORT_WAIT_S = 10.0
+# The report a stopping plugin sends to say its cards take no new pods is cut short after this.
+LAST_REPORT_S = 2.0
+UNREGISTERED = "the node plugin is not registered with the kubelet (starting or restarting)"
+STOPPING = "the node plugin is stopping"
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -91,6 +101,8 @@ class Plugin:
         self.nvml = nvml or Nvml()
         self.cards: list[Card] = self.nvml.discover()
         self.stopping = asyncio.Event()
+        # SIGTERM: the control plane is told first, then the kubelet's stream ends (stopping).
+        self.terminating = asyncio.Event()
         self.registry = Registry(self.cards, settings.slots)
         # A card's health is its NVML health, and then what its mode needs (MIG on, the MPS
         # daemon running); the kubelet and the control plane see the first thing wrong.
@@ -170,14 +182,23 @@ class Plugin:
         self.sampler: Sampler | None = None
         self.registrations = 0
         self._socket_inode: tuple[int, int] | None = None  # the socket file this process made
+        self._private: Path | None = None  # that socket's own name, which the kubelet dials
 
     # -- gRPC server -----------------------------------------------------------------------
 
     async def start_server(self) -> None:
-        """Serve on a socket of this process's own and give it the plugin's name by an atomic
-        rename of a hard link: gRPC removes its socket's path when it stops, and a successor
-        (the DaemonSet's next pod, started while this one terminates) serves under the same
-        name, which this process must then leave alone."""
+        """Serve on a socket of this process's own, registered with the kubelet under that
+        name, and give it the plugin's well-known name too (for probes and operators) by an
+        atomic rename of a hard link.
+
+        The kubelet's device manager keys a plugin's connection by the socket path it was
+        registered with, and drops every connection at a path when one of them ends. Were a
+        successor (the DaemonSet's next pod, started while this one terminates) registered at
+        the same path, this process's stream ending would take the successor's along, leaving
+        the kubelet with the cards unhealthy and nobody to tell it otherwise. Under names of
+        their own the kubelet hands the resource from one to the other: the last one to go
+        marks the cards unhealthy, not the one that goes while another serves. gRPC removes its
+        socket's path when it stops, and a successor's public name is left alone."""
         path = self.s.plugin_socket_path
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_sockets(path)
@@ -192,6 +213,7 @@ class Plugin:
         os.link(private, link)
         os.replace(link, path)
         self._socket_inode = _inode(path)
+        self._private = private
         await self._confirm_serving()
         log.info("serving the device plugin API on %s", path)
 
@@ -213,13 +235,20 @@ class Plugin:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._socket_inode = None
+        self._private = None
+
+    def _successor_serves(self) -> bool:
+        """The plugin's well-known name is another process's socket: a successor took over."""
+        current = _inode(self.s.plugin_socket_path)
+        return current is not None and current != self._socket_inode
 
     async def register(self) -> None:
+        assert self._private is not None, "serve before registering: the kubelet dials back"
         async with grpc.aio.insecure_channel(unix_target(str(self.s.kubelet_socket_path))) as ch:
             await RegistrationClient(ch).Register(
                 dp.RegisterRequest(
                     version=API_VERSION,
-                    endpoint=self.s.plugin_socket,
+                    endpoint=self._private.name,
                     resource_name=self.s.resource_name,
                     options=dp.DevicePluginOptions(
                         pre_start_required=True, get_preferred_allocation_available=True
@@ -229,28 +258,43 @@ class Plugin:
             )
         self.registrations += 1
         log.info(
-            "registered %s with the kubelet (%d card(s) x %d slots)",
+            "registered %s with the kubelet as %s (%d card(s) x %d slots)",
             self.s.resource_name,
+            self._private.name,
             len(self.cards),
             self.s.slots,
         )
 
     async def watch_kubelet(self) -> None:
-        """Register whenever kubelet.sock is (re-)created; restart our server if the kubelet
-        removed our socket on its restart."""
+        """Register whenever kubelet.sock is (re-)created, and again when the kubelet holds no
+        ListAndWatch stream of ours a while after registering (it dropped the connection);
+        restart our server if the kubelet removed our socket on its restart."""
         registered_for: tuple[int, int] | None = None
+        registered_at = 0.0
         delay = self.s.kubelet_poll_s
         while not self.stopping.is_set():
             kubelet = _stamp(self.s.kubelet_socket_path)
-            if self.server is None or _stamp(self.s.plugin_socket_path) is None:
+            if self.server is None or self._private is None or _stamp(self._private) is None:
                 log.warning("our socket %s is gone; serving again", self.s.plugin_socket_path)
                 await self.stop_server(0)
                 await self.start_server()
+                registered_for = None
+            if (
+                registered_for is not None
+                and self.registry.streams == 0
+                and time.monotonic() - registered_at > STREAM_WAIT_S
+            ):
+                log.warning(
+                    "the kubelet holds no ListAndWatch stream of ours %.0fs after registering; "
+                    "registering again",
+                    STREAM_WAIT_S,
+                )
                 registered_for = None
             if kubelet is not None and kubelet != registered_for:
                 try:
                     await self.register()
                     registered_for = kubelet
+                    registered_at = time.monotonic()
                     delay = self.s.kubelet_poll_s
                 except grpc.aio.AioRpcError as exc:
                     log.warning(
@@ -453,15 +497,55 @@ class Plugin:
                     REFUSED_PART_RETRY_S,
                 )
 
+    def _reported_health(self) -> dict[str, Health]:
+        """The cards' health as the control plane must see it: a card the kubelet cannot hand
+        out now (no stream of ours held, or this plugin stopping) takes no new pods, so the
+        scheduler does not bind one that the kubelet would refuse for good at admission."""
+        health = dict(self.registry.health)
+        if self.registry.streams == 0 or self.terminating.is_set():
+            why = STOPPING if self.terminating.is_set() else UNREGISTERED
+            for uuid, h in health.items():
+                if h.healthy:
+                    health[uuid] = Health(False, why)
+        return health
+
+    async def _kubelet_took_the_cards(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.registry.streams == 0 and not self.terminating.is_set():
+                    await self.registry.streams_changed().wait()
+
+    async def _watch_streams(self) -> None:
+        """Report at once when the kubelet takes the cards or lets them go."""
+        while not self.stopping.is_set():
+            await self.registry.streams_changed().wait()
+            self._report_now.set()
+
+    async def last_report(self) -> bool:
+        """Tell the control plane that this plugin's cards take no new pods, unless a successor
+        already serves them (its reports are the true ones then). Sent before the kubelet's
+        stream ends: from then until a successor registers, the kubelet refuses the cards at
+        admission, and a pod bound in that gap would fail for good."""
+        if self._successor_serves():
+            return False
+        report = cardmod.inventory_report(__version__, self.cards, self._reported_health())
+        try:
+            async with asyncio.timeout(LAST_REPORT_S):
+                await self._put_report(report)
+        except (TimeoutError, HttpUnavailable, ControlPlaneError) as exc:
+            log.warning("the last inventory report was not taken (%s)", exc)
+        return True
+
     async def report_loop(self) -> None:
         delay = 0.0
         failures = 0
-        while not self.stopping.is_set():
+        await self._kubelet_took_the_cards(FIRST_REPORT_WAIT_S)
+        # Until SIGTERM: then the last report (run) is the plugin's final word, and a heartbeat
+        # after it could overwrite what a successor reported meanwhile.
+        while not self.terminating.is_set():
             self._report_now.clear()
             mig = await asyncio.to_thread(self._mig_report) if self._offered("mig") else {}
-            report = cardmod.inventory_report(
-                __version__, self.cards, dict(self.registry.health), mig
-            )
+            report = cardmod.inventory_report(__version__, self.cards, self._reported_health(), mig)
             usage = self.sampler.latest_usage() if self.sampler is not None else None
             if usage is not None and self._offered("usage"):
                 report["usage"] = usage
@@ -479,7 +563,7 @@ class Plugin:
                 failures += 1
                 delay = min(self.s.heartbeat_s, 0.5 * 2 ** min(failures, 6))
                 log.error("inventory report failed (%s); next try in %.1fs", exc, delay)
-            stop = asyncio.ensure_future(self.stopping.wait())
+            stop = asyncio.ensure_future(self.terminating.wait())
             now = asyncio.ensure_future(self._report_now.wait())
             await asyncio.wait({stop, now}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
@@ -560,7 +644,7 @@ class Plugin:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self.terminating.set)
         log.info(
             "tessera node plugin %s on node %s: %d card(s) %s",
             __version__,
@@ -573,16 +657,29 @@ class Plugin:
         self.start_monitor(loop)
         self.start_metrics()
         await self.start_server()
+        reports = asyncio.create_task(self.report_loop(), name="report")
         tasks = [
+            reports,
             asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
-            asyncio.create_task(self.report_loop(), name="report"),
+            asyncio.create_task(self._watch_streams(), name="watch-streams"),
             asyncio.create_task(self.gc_loop(), name="gc"),
             asyncio.create_task(self.priority_loop(), name="priority"),
             asyncio.create_task(self.mps_loop(), name="mps"),
             asyncio.create_task(self.mig_reconcile(), name="mig-reconcile"),
         ]
-        await self.stopping.wait()
+        await self.terminating.wait()
         log.info("stopping")
+        # The heartbeat loop ends at its next turn. A report in flight (its request runs in a
+        # thread, which cancelling would not stop) is let finish first, so that it cannot land
+        # after the last report and say the cards are free again.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reports, self.s.http_timeout_s + 1)
+        await asyncio.gather(reports, return_exceptions=True)
+        if await self.last_report():
+            # A pod bound just before the report reached the ledger is admitted by the kubelet
+            # a moment later: keep the devices healthy for it until then.
+            await asyncio.sleep(self.s.stop_drain_s)
+        self.stopping.set()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,6 +20,7 @@ class Card:
     memory_mib: int
     minor: int
     numa_node: int | None = None
+    pci_bus_id: str | None = None  # NVML's extended BDF, e.g. 00000000:3B:00.0
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ class Settings:
         default_factory=lambda: frozenset({13, 31, 43, 45, 68, 109})
     )
     kubelet_poll_s: float = 0.2
+    # On SIGTERM, after telling the control plane the cards take no new pods: how long the
+    # kubelet keeps this plugin's stream, so that a pod bound just before is still admitted.
+    stop_drain_s: float = 2.0
     prestart_timeout_s: float = 25.0
     http_timeout_s: float = 5.0
     metrics_port: int = 0
@@ -313,6 +316,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         health_checks=_bool(env, "TESSERA_HEALTH_CHECKS", d.health_checks),
         ignored_xids=_xids(env, d.ignored_xids),
         kubelet_poll_s=_float(env, "TESSERA_KUBELET_POLL_S", d.kubelet_poll_s, 0.01, 60.0),
+        stop_drain_s=_float(env, "TESSERA_STOP_DRAIN_S", d.stop_drain_s, 0.0, 10.0),
         prestart_timeout_s=_float(
             env, "TESSERA_PRESTART_TIMEOUT_S", d.prestart_timeout_s, 0.5, 29.0
         ),

@@ -88,18 +88,21 @@ class Nvml:
             except pynvml.NVMLError as exc:
                 log.error("card at NVML index %d cannot be read (%s); it is not advertised", i, exc)
                 continue
+            bus_id: str | None
+            try:
+                raw = pynvml.nvmlDeviceGetPciInfo(h).busId
+                bus_id = (raw.decode() if isinstance(raw, bytes) else str(raw)) or None
+            except pynvml.NVMLError:
+                bus_id = None  # published without it (DRA's pciBusID attribute), not guessed
             numa: int | None
             try:
                 numa = int(pynvml.nvmlDeviceGetNumaNodeId(h))
                 if numa < 0:
                     numa = None
             except (pynvml.NVMLError, AttributeError):
-                try:
-                    numa = _numa_from_sysfs(str(pynvml.nvmlDeviceGetPciInfo(h).busId))
-                except pynvml.NVMLError:
-                    numa = None
+                numa = _numa_from_sysfs(bus_id) if bus_id else None
             self.handles[uuid] = h
-            cards.append(Card(uuid, i, model, memory_mib, minor, numa))
+            cards.append(Card(uuid, i, model, memory_mib, minor, numa, bus_id))
         return cards
 
     def probe(self, uuid: str) -> str:

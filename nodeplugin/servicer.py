@@ -72,6 +72,7 @@ class Servicer:
         self, request: dp.Empty, context: Ctx
     ) -> AsyncIterator[dp.ListAndWatchResponse]:
         stop = asyncio.ensure_future(self.stopping.wait())
+        self.registry.stream_opened()
         try:
             while not self.stopping.is_set():
                 changed = self.registry.changed()
@@ -81,6 +82,7 @@ class Servicer:
                 waiter.cancel()
         finally:
             stop.cancel()
+            self.registry.stream_closed()
 
     def _parse(self, values: Any) -> list[ids.DeviceId]:
         return ids.parse_ids(list(values), self.registry.cards.keys(), self.registry.slots)

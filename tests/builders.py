@@ -50,33 +50,6 @@ def card_json(uuid: str = "GPU-aaaa-0", index: int = 0, **kw: Any) -> dict[str, 
     return card
 
 
-def pod_json(
-    name: str = "p",
-    namespace: str = "default",
-    uid: str | None = None,
-    containers: list[dict[str, Any]] | None = None,
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or f"uid-{namespace}-{name}",
-            "annotations": annotations or {},
-        },
-        "spec": {"containers": containers or []},
-    }
-
-
-def gpu_container(name: str = "c", gpus: int = 1, mem: int | None = None, cores: int | None = None):
-    limits: dict[str, Any] = {"nvidia.com/gpu": gpus}
-    if mem is not None:
-        limits["nvidia.com/gpumem"] = mem
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = cores
-    return {"name": name, "resources": {"limits": limits}}
-
-
 def token_client(username: str, role: Role) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {create_token(username, role)}")

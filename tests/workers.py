@@ -9,7 +9,6 @@ and beat processes as production runs them.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,11 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from e2e.ports import free_port
 
 
 def wait_for(check: Callable[[], object], timeout: float, what: str) -> float:

@@ -1,4 +1,5 @@
-"""Admin for API tokens: list, revoke; new tokens come from `manage.py createtoken`."""
+"""Admin for API tokens: list, revoke (through the audited service); new tokens come from
+`manage.py createtoken`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane.access.models import ApiToken
+from controlplane.access.services import revoke_token
 
 
 @admin.register(ApiToken)
@@ -22,7 +24,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
     )
     list_filter = ("revoked",)
     search_fields = ("user__username", "label", "prefix")
-    readonly_fields = ("user", "prefix", "created_at", "last_used_at")
+    # `revoked` only through the action: the audited service is its one writer.
+    readonly_fields = ("user", "prefix", "created_at", "last_used_at", "revoked")
     fields = ("user", "label", "prefix", "created_at", "last_used_at", "expires_at", "revoked")
     actions = ["revoke"]
 
@@ -31,4 +34,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        queryset.update(revoked=True)
+        actor = request.user.get_username()
+        for token_id in queryset.values_list("pk", flat=True):
+            revoke_token(token_id, actor)

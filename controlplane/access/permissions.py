@@ -1,4 +1,5 @@
-"""DRF permissions by Tessera role (see controlplane.access.roles)."""
+"""DRF permissions by Tessera role (see controlplane.access.roles): the one place an API view
+finds who may call it."""
 
 from __future__ import annotations
 
@@ -10,28 +11,26 @@ from rest_framework.request import Request
 from controlplane.access.roles import Role, has_role
 
 
-class _RolePermission(BasePermission):
-    role: Role
+class _AnyOfRoles(BasePermission):
+    """Granted to an identity that holds any of ``roles`` (human roles ranked, ``node`` only
+    itself, as `has_role` says); refused with ``message``, which names what is needed."""
+
+    roles: tuple[Role, ...]
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, self.role)
+        return any(has_role(request.user, role) for role in self.roles)
 
 
-class IsViewer(_RolePermission):
-    role = Role.VIEWER
+class IsViewer(_AnyOfRoles):
+    roles = (Role.VIEWER,)
     message = "This needs the viewer role or higher."
 
 
-class IsOperator(_RolePermission):
-    role = Role.OPERATOR
-    message = "This needs the operator role or higher."
+class IsNodeOrViewer(_AnyOfRoles):
+    roles = (Role.NODE, Role.VIEWER)
+    message = "This needs a node identity or the viewer role."
 
 
-class IsAdmin(_RolePermission):
-    role = Role.ADMIN
-    message = "This needs the admin role."
-
-
-class IsNode(_RolePermission):
-    role = Role.NODE
-    message = "This needs a node identity (a node plugin's token)."
+class IsNodeOrAdmin(_AnyOfRoles):
+    roles = (Role.NODE, Role.ADMIN)
+    message = "This needs a node identity (a node plugin's token) or the admin role."

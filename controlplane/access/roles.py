@@ -8,6 +8,7 @@ is an admin.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
@@ -25,6 +26,19 @@ class Role(StrEnum):
 
 
 HUMAN_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+# An identity in several role groups holds the first of these it is in.
+PRECEDENCE = (Role.ADMIN, Role.OPERATOR, Role.VIEWER, Role.NODE)
+
+
+def role_from_groups(group_names: Collection[str], superuser: bool = False) -> Role | None:
+    """The role an identity with these group names holds (a superuser is an admin): the one
+    rule, for `role_of` and for pages that read many users' groups at once."""
+    if superuser:
+        return Role.ADMIN
+    for candidate in PRECEDENCE:
+        if candidate.group_name in group_names:
+            return candidate
+    return None
 
 
 def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role | None:
@@ -40,11 +54,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role | None:
     if cached is not False:
         return cached  # type: ignore[no-any-return]
     names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
-    role: Role | None = None
-    for candidate in (Role.ADMIN, Role.OPERATOR, Role.VIEWER, Role.NODE):
-        if candidate.group_name in names:
-            role = candidate
-            break
+    role = role_from_groups(names)
     user._tessera_role = role  # type: ignore[union-attr]
     return role
 

@@ -10,7 +10,8 @@ from django.db import transaction
 
 from controlplane.access.models import ApiToken, digest, new_token
 from controlplane.access.roles import Role, ensure_groups
-from controlplane.ledger.errors import ServiceError
+from controlplane.ledger.errors import NotFound, ServiceError
+from controlplane.ledger.services.audit import record_event
 from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
 
 MAX_USERNAME = 150
@@ -62,3 +63,16 @@ def create_token(username: str, role: Role, label: str = "") -> str:
         user=user, label=label[:100], prefix=token[:10], key_digest=digest(token)
     )
     return token
+
+
+@transaction.atomic
+def revoke_token(token_id: int, actor: str) -> None:
+    """Revoke an API token (it authenticates nobody from now on). Audited; idempotent. The one
+    writer of `revoked`: the dashboard and the admin site both come here."""
+    token = ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"no API token {token_id}", field="token")
+    if not token.revoked:
+        token.revoked = True
+        token.save(update_fields=["revoked"])
+        record_event(actor, "token-revoke", "user", token.user.get_username(), prefix=token.prefix)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access.permissions import IsNodeOrAdmin
 from controlplane.access.roles import Role, has_role
 from controlplane.api.names import check_path
 from controlplane.api.schema import EXAMPLE, conflict
@@ -27,13 +25,6 @@ EXAMPLE_CARD = {
     "healthy": True,
     "health_reason": "",
 }
-
-
-class IsNodeOrAdmin(BasePermission):
-    message = "Reporting inventory needs a node identity (or an admin)."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, Role.NODE) or has_role(request.user, Role.ADMIN)
 
 
 class NodeInventoryView(APIView):

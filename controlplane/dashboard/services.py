@@ -12,12 +12,10 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.access.models import ApiToken
 from controlplane.access.roles import Role
 from controlplane.access.services import create_token, grant_role
 from controlplane.dashboard.models import AllocationSample
 from controlplane.dashboard.selectors import Overview
-from controlplane.ledger.errors import NotFound
 from controlplane.ledger.services.audit import record_event
 
 SAMPLE_RETENTION = timedelta(days=7)
@@ -81,17 +79,4 @@ def issue_token(username: str, role: Role, label: str, actor: str) -> str:
         record_event(
             actor, "token-create", "user", username, role=role.value, prefix=token[:10], label=label
         )
-    return token
-
-
-@transaction.atomic
-def revoke_token(token_id: int, actor: str) -> ApiToken:
-    """Revoke an API token (it authenticates nobody from now on). Audited; idempotent."""
-    token = ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id).first()
-    if token is None:
-        raise NotFound(f"no API token {token_id}", field="token")
-    if not token.revoked:
-        token.revoked = True
-        token.save(update_fields=["revoked"])
-        record_event(actor, "token-revoke", "user", token.user.get_username(), prefix=token.prefix)
     return token

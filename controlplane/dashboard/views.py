@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from controlplane.access import services as access_services
 from controlplane.access.roles import Role, has_role
 from controlplane.dashboard import grid as card_grid
 from controlplane.dashboard import selectors, services
@@ -345,7 +346,7 @@ def access(request: HttpRequest) -> HttpResponse:
         if request.POST.get("action") == "revoke":
             token_id = whole_number(request.POST.get("token", ""))
             try:
-                services.revoke_token(-1 if token_id is None else token_id, actor)
+                access_services.revoke_token(-1 if token_id is None else token_id, actor)
             except ServiceError as exc:
                 messages.error(request, exc.message)
             else:

@@ -5,17 +5,15 @@ See docs/allocation.md for the allocation endpoints' contract.
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access.permissions import IsNodeOrAdmin, IsNodeOrViewer
 from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictSerializer
 from controlplane.api.names import CardUUIDField, check_path
@@ -93,20 +91,6 @@ class WhyView(APIView):
         )
 
 
-class IsNodeOrViewer(BasePermission):
-    message = "This needs a node identity or the viewer role."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, Role.NODE) or has_role(request.user, Role.VIEWER)
-
-
-class IsNodeOrAdmin(BasePermission):
-    message = "Reporting an allocation needs a node identity (or an admin)."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, Role.NODE) or has_role(request.user, Role.ADMIN)
-
-
 def _own_node(request: Request) -> str | None:
     """The node a node identity speaks for (its username); None for people."""
     return request.user.get_username() if has_role(request.user, Role.NODE) else None
@@ -125,15 +109,15 @@ class AllocationView(APIView):
     )
     def get(self, request: Request, namespace: str, name: str) -> Response:
         _check_pod_name(namespace, name)
-        binding = selectors.active_binding_of_pod(namespace, name)
-        if binding is None:
+        held = selectors.active_allocation_of_pod(namespace, name)
+        if held is None:
             raise NotFound(f"pod {namespace}/{name} has no active GPU binding")
         node = _own_node(request)
-        if node is not None and (binding.node is None or binding.node.name != node):
+        if node is not None and held.node != node:
             raise PermissionDenied(
                 f"this token belongs to node {node!r}; pod {namespace}/{name} is not bound there"
             )
-        return Response(selectors.allocation_of(binding))
+        return Response(held.record)
 
 
 class AllocatedSerializer(StrictSerializer):

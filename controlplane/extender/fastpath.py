@@ -1,11 +1,12 @@
-"""The scheduler's three verbs straight to their views, around Django's request machinery.
+"""The extender's four verbs straight to their views, around Django's request machinery.
 
 kube-scheduler calls filter and prioritize for every pod, one pod after another, and bind for
-every placed pod: three requests per pod on the scheduler's sidecar. Django's middleware stack
-and its request signals cost about 0.2 ms of CPU per request there, a tenth of the sidecar's
-work, for nothing these machine endpoints use (sessions, CSRF, authentication, static files,
-security headers for browsers). `ExtenderFastPath` wraps the WSGI application: the exact paths
-of `/scheduler/filter`, `/scheduler/prioritize` and `/scheduler/bind` go to the same view
+every placed pod: three requests per pod on the scheduler's sidecar (preempt only when it
+preempts). Django's middleware stack and its request signals cost about 0.2 ms of CPU per
+request there, a tenth of the sidecar's work, for nothing these machine endpoints use
+(sessions, CSRF, authentication, static files, security headers for browsers).
+`ExtenderFastPath` wraps the WSGI application: the exact paths of `/scheduler/filter`,
+`/scheduler/prioritize`, `/scheduler/bind` and `/scheduler/preempt` go to the same view
 functions the URLconf names (so the same guards answer: extender served here, loopback peer,
 POST, body limit), everything else to Django unchanged. It does the part of Django's request
 cycle that matters to them: database connections past their age or broken are closed after the

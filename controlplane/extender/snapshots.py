@@ -8,10 +8,11 @@ later retry.
 Building a 1,000-node snapshot from scratch takes the ledger selector a good part of a second,
 so the cache is kept fresh incrementally and off the request path:
 
-- a background thread, every TTL, re-reads only the nodes whose node, card or binding rows
-  changed since its last pass (minus a margin for transactions that committed late) and swaps
-  them in; when node or card counts drop (rows deleted) it rebuilds everything, and it does so
-  anyway every `FULL_REFRESH_S`; a rebuild then catches up on what changed while it read;
+- a background worker (`controlplane.background`), every TTL, re-reads only the nodes whose
+  node, card or binding rows changed since its last pass (minus a margin for transactions that
+  committed late) and swaps them in; when node or card counts drop (rows deleted) it rebuilds
+  everything, and it does so anyway every `FULL_REFRESH_S`; a rebuild then catches up on what
+  changed while it read;
 - what this process has just reserved on a node is added to the cached node at once (the
   "assumed pod": no re-read), so its own binds show in the very next answer (the scheduler's
   sidecar is the only binder); a node whose bind was undone is marked dirty and re-read
@@ -29,8 +30,6 @@ so the cache is kept fresh incrementally and off the request path:
 
 from __future__ import annotations
 
-import gc
-import logging
 import math
 import threading
 import time
@@ -43,11 +42,10 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from controlplane.background import Worker
 from controlplane.ledger import selectors
 from controlplane.ledger.models import PodBinding
 from controlplane.scheduling import CardClaim, NodeState, QuotaLimits, Snapshot
-
-log = logging.getLogger(__name__)
 
 FULL_REFRESH_S = 600.0
 STALE_LIMIT_S = 2.0
@@ -79,7 +77,10 @@ class SnapshotCache:
         self._refreshing = threading.Lock()  # one incremental pass at a time
         self._quotas: dict[str, QuotaLimits] = {}
         self._own: OrderedDict[str, None] = OrderedDict()  # pod UIDs assumed here
-        self._thread: threading.Thread | None = None
+        self._passed_at = -math.inf  # monotonic end of the background refresher's last pass
+        self.refresher: Worker[None] = Worker(
+            "tessera-snapshot-refresh", self._pass, close=connections.close_all, due=self._due
+        )
         self.refreshes = 0  # counters for tests and the bench
         self.full_rebuilds = 0
 
@@ -128,8 +129,10 @@ class SnapshotCache:
             with self._lock:
                 if self._snapshot is None:
                     self._install_full(self._read_full())
+                    self._passed_at = time.monotonic()
+                    self.refresher.wake()  # its first pass is due a TTL from now
         if self.background:
-            self._ensure_thread()
+            self.refresher.start()
         overdue = time.monotonic() - self._synced_at >= (STALE_LIMIT_S if self.background else ttl)
         if self._dirty or overdue:
             # Reads happen outside the lock; installing a read is short. Our own binds (dirty
@@ -163,10 +166,6 @@ class SnapshotCache:
         self._cursor, self._synced_at, self._full_at = read.cursor, read.started, read.started
         self._quotas = read.quotas or {}
         self.full_rebuilds += 1
-        # The snapshot is ~100k long-lived objects without reference cycles: keep the cyclic
-        # garbage collector from re-scanning them on every full collection (a p99 spike of
-        # several ms in the middle of a filter); refcounting still frees them when replaced.
-        gc.freeze()
 
     def _read_changes(self, *, incremental: bool) -> _Read:
         """Re-read the dirty nodes and, with `incremental`, every node changed since the cursor."""
@@ -216,34 +215,30 @@ class SnapshotCache:
     def _full_due(self) -> bool:
         return time.monotonic() - self._full_at >= FULL_REFRESH_S
 
-    def _ensure_thread(self) -> None:
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="tessera-snapshot-refresh", daemon=True
-                    )
-                    self._thread.start()
+    def _due(self) -> float | None:
+        """Seconds until the refresher's next pass: a TTL after the end of its last one; None
+        while there is no snapshot to keep fresh."""
+        ttl = _ttl()
+        if self._snapshot is None or not self.background or ttl <= 0:
+            return None
+        return self._passed_at + ttl - time.monotonic()
 
-    def _run(self) -> None:
-        """The background refresher: incremental every TTL, a full rebuild when due."""
+    def _pass(self, _nothing: list[None]) -> None:
+        """The background refresher's pass: incremental, after a full rebuild when one is due.
+        Should it fail, the request path refreshes itself once the snapshot is `STALE_LIMIT_S`
+        old, and the next pass comes a TTL later."""
         try:
-            while self._snapshot is not None and self.background and _ttl() > 0:
-                time.sleep(_ttl())
-                if self._snapshot is None:
-                    break
-                with self._refreshing:
-                    if self._full_due():
-                        full = self._read_full()
-                        with self._lock:
-                            self._install_full(full)
-                    # after a rebuild this catches up on what changed while it read
-                    self._install(self._read_changes(incremental=True))
-        except Exception:  # the request path falls back to refreshing itself
-            log.exception("snapshot refresher stopped")
+            if self._snapshot is None:
+                return
+            with self._refreshing:
+                if self._full_due():
+                    full = self._read_full()
+                    with self._lock:
+                        self._install_full(full)
+                # after a rebuild this catches up on what changed while it read
+                self._install(self._read_changes(incremental=True))
         finally:
-            connections.close_all()  # this thread's own database connection
+            self._passed_at = time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """HTTP adapters of the extender (`/scheduler/*`) and the admission webhook (`/webhook/mutate`).
 
 Plain Django views, not DRF: these are machine protocols with their own JSON shapes, on the
-scheduling hot path. They validate and translate; `scheduler` and `webhook` decide.
+scheduling hot path. They validate and translate; `verbs`, `preemption` and `webhook` decide.
 
 `/scheduler/*` answers only when `TESSERA_SERVE_EXTENDER` is on (404 otherwise) and then only to
 a loopback peer (403 otherwise): it is served by the control-plane sidecar inside the scheduler
@@ -23,7 +23,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.extender import preemption, scheduler, wire
+from controlplane.extender import verbs, wire
+from controlplane.extender.preemption import verb as preempt_verb
 from controlplane.extender.webhook import review_pod
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
@@ -121,7 +122,7 @@ def filter_view(request: HttpRequest) -> HttpResponse:
         args = wire.parse_extender_args(raw)
     except wire.WireError as exc:
         return _json(wire.filter_result(None, None, error=str(exc)))
-    answer = scheduler.run_filter(args)
+    answer = verbs.run_filter(args)
     return _json(wire.filter_result(args, answer.feasible, answer.failed, answer.unresolvable))
 
 
@@ -132,7 +133,7 @@ def prioritize_view(request: HttpRequest) -> HttpResponse:
         return bad
     try:
         args = wire.parse_extender_args(raw)
-        body = wire.host_priority_list(scheduler.run_prioritize(args))
+        body = wire.host_priority_list(verbs.run_prioritize(args))
         return HttpResponse(body, content_type="application/json")
     except (wire.WireError, RequestError) as exc:
         # A HostPriorityList has no Error field; the scheduler ignores prioritize errors.
@@ -146,7 +147,7 @@ def preempt_view(request: HttpRequest) -> HttpResponse:
         return bad
     try:
         args = wire.parse_preemption_args(raw)
-        return _json(wire.preemption_result(preemption.run_preempt(args)))
+        return _json(wire.preemption_result(preempt_verb.run_preempt(args)))
     except (wire.WireError, RequestError) as exc:
         # ExtenderPreemptionResult has no Error field: a non-200 answer is the error.
         return _json({"Error": str(exc)}, 400)
@@ -161,11 +162,11 @@ def bind_view(request: HttpRequest) -> HttpResponse:
     outcome = "invalid"
     try:
         args = wire.parse_binding_args(raw)
-        outcome = scheduler.run_bind(args).outcome
+        outcome = verbs.run_bind(args).outcome
         error = ""
     except wire.WireError as exc:
         error = str(exc)
-    except scheduler.BindFailed as exc:
+    except verbs.BindFailed as exc:
         outcome, error = exc.outcome, exc.message
     BIND_OUTCOMES.labels(outcome=outcome).inc()
     BIND_APISERVER.observe(api_ms() / 1000.0)

@@ -2,10 +2,10 @@
 
 Bind records `Allocated` (Normal: the node, and per container the cards with their memory and
 compute) or `AllocationFailed` (Warning: why). Events are diagnostics, never allocation state:
-they leave bind's path through a bounded queue, one thread per process posts them, and one
-that cannot be posted (the API server away for all of `ATTEMPTS`, or the queue full) is dropped
-and counted (`tessera_pod_events_dropped_total`), as kube-scheduler's own event broadcaster
-drops what it cannot write.
+they leave bind's path through a bounded queue, one background worker per process posts them
+(`controlplane.background`), and one that cannot be posted (the API server away for all of
+`ATTEMPTS`, or the queue full) is dropped and counted (`tessera_pod_events_dropped_total`), as
+kube-scheduler's own event broadcaster drops what it cannot write.
 
 `TESSERA["EVENTS_ASYNC"] = False` (the test settings) posts each event on the caller's path.
 """
@@ -15,9 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -25,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane.background import Worker
 from controlplane.kube import adapter
 from controlplane.kube.base import KubeError
 from controlplane.metrics import POD_EVENTS_DROPPED
@@ -102,43 +101,25 @@ class Recorder:
     """One per process (`recorder`); thread-safe."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(MAX_QUEUED)
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self.worker: Worker[dict[str, Any]] = Worker(
+            "tessera-pod-events", self._post_each, max_queued=MAX_QUEUED
+        )
 
     def submit(self, event: dict[str, Any]) -> None:
         if not settings.TESSERA.get("EVENTS_ASYNC", True):
             _post(event)
             return
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
+        if not self.worker.submit(event):
             POD_EVENTS_DROPPED.inc()
-            return
-        if self._thread is None or not self._thread.is_alive():
-            with self._start_lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="tessera-pod-events", daemon=True
-                    )
-                    self._thread.start()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far was posted or dropped."""
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return self.worker.flush(timeout)
 
-    def _run(self) -> None:
-        while True:
-            event = self._queue.get()
-            try:
-                _post(event)
-            finally:
-                self._queue.task_done()
+    @staticmethod
+    def _post_each(batch: list[dict[str, Any]]) -> None:
+        for event in batch:
+            _post(event)
 
 
 recorder = Recorder()

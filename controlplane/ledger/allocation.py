@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -142,27 +142,49 @@ class ContainerAllocation:
     priority: int | None = None  # nvidia.com/priority, None when the pod did not ask
 
 
-# (container name, container index, init, card UUID, card index, memory MiB, compute percent,
-# sidecar, priority, card mode, MIG profile, start, size): the slice columns `SLICE_COLUMNS`
-# names, in that order (the placement is None, the profile blank, on other than MIG cards)
-SliceRow = tuple[
-    str, int, bool, str, int, int, int, bool, int | None, str, str, int | None, int | None
-]
-SLICE_COLUMNS = (
-    "container_name", "container_index", "init_container", "card__uuid", "card__index",
-    "memory_mib", "compute_percent", "sidecar", "priority", "card__mode", "mig_profile",
-    "mig_start", "mig_size",
-)  # fmt: skip
+class SliceRow(NamedTuple):
+    """One (container, card) slice of a binding as the record reads it. `SLICE_COLUMNS` is
+    derived from these fields, so a query's columns and this order cannot drift apart."""
+
+    container_name: str
+    container_index: int
+    init: bool
+    card_uuid: str
+    card_index: int
+    memory_mib: int
+    cores: int
+    sidecar: bool
+    priority: int | None  # nvidia.com/priority, None when the pod did not ask
+    mode: str  # the card's mode
+    mig_profile: str  # blank, and the placement None, on other than MIG cards
+    mig_start: int | None
+    mig_size: int | None
+
+
+# The ORM path of each field that is not a Slice column of the same name.
+_SLICE_PATHS = {
+    "init": "init_container",
+    "card_uuid": "card__uuid",
+    "card_index": "card__index",
+    "cores": "compute_percent",
+    "mode": "card__mode",
+}
+# `values_list(*SLICE_COLUMNS)` reads a `SliceRow`'s fields, in order (`SliceRow._make`).
+SLICE_COLUMNS = tuple(_SLICE_PATHS.get(f, f) for f in SliceRow._fields)
 
 
 def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
     """The record's containers from one binding's slices, one row per (container, card)."""
     containers: dict[tuple[bool, int], tuple[str, bool, int | None, list[Device]]] = {}
-    for (name, index, init, uuid, card_index, memory, cores, sidecar, priority, mode, profile,
-         start, size) in rows:  # fmt: skip
-        entry = containers.setdefault((init, index), (name, sidecar, priority, []))
-        mig = (profile, start or 0, size) if profile and size else None
-        entry[3].append(Device(uuid, card_index, memory, cores, mode, mig))
+    for row in rows:
+        entry = containers.setdefault(
+            (row.init, row.container_index), (row.container_name, row.sidecar, row.priority, [])
+        )
+        profile, size = row.mig_profile, row.mig_size
+        mig = (profile, row.mig_start or 0, size) if profile and size else None
+        entry[3].append(
+            Device(row.card_uuid, row.card_index, row.memory_mib, row.cores, row.mode, mig)
+        )
     return [
         ContainerAllocation(name, index, init, tuple(devices), sidecar, priority)
         for (init, index), (name, sidecar, priority, devices) in containers.items()

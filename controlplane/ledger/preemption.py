@@ -3,6 +3,10 @@
 One read of the nodes' cards and active slices gives both the node as the core sees it and
 each pod's claim on it, so the two always add up (a bind that commits in between is in both or
 in neither).
+
+Its holds are written by `controlplane.ledger.services.nominations`; the rule is
+`controlplane.scheduling.preempt`, and the extender's side (with the map of every piece) is
+`controlplane.extender.preemption`.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from controlplane.scheduling import (
     SchedulingConfig,
     Snapshot,
 )
+from controlplane.scheduling.mig import placement_mask
 
 MISSING_CARD_REASON = "not in the node's latest inventory report"
 
@@ -155,7 +156,7 @@ def _build_snapshot(
     mig_used: dict[int, int] = {}
     for row in rows:
         if row.mig_size:
-            mask = ((1 << row.mig_size) - 1) << (row.mig_start or 0)
+            mask = placement_mask(row.mig_start or 0, row.mig_size)
             mig_used[row.card_id] = mig_used.get(row.card_id, 0) | mask
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
@@ -241,19 +242,27 @@ def expired_reservations(now: datetime, limit: int = 1000) -> list[ExpiredReserv
     return [ExpiredReservation(*row) for row in rows]
 
 
-def binding_of(pod_uid: str) -> PodBinding | None:
-    """The pod's binding row (any phase), with its node (one query)."""
-    return PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """What the pod called namespace/name holds now: its active binding's node and allocation
+    record (docs/allocation.md)."""
+
+    node: str
+    record: dict[str, Any]
 
 
-def active_binding_of_pod(namespace: str, name: str) -> PodBinding | None:
-    """The active binding of the pod called namespace/name, newest first (one query)."""
-    return (
+def active_allocation_of_pod(namespace: str, name: str) -> PodAllocation | None:
+    """The allocation of the pod's active binding (the newest), None when it has none; two
+    queries."""
+    binding = (
         PodBinding.objects.select_related("node")
         .filter(namespace=namespace, name=name, phase__in=PodBinding.ACTIVE_PHASES)
         .order_by("-reserved_at", "-id")
         .first()
     )
+    if binding is None:
+        return None
+    return PodAllocation(binding.node.name if binding.node else "", allocation_of(binding))
 
 
 def allocation_of(binding: PodBinding) -> dict[str, Any]:
@@ -268,7 +277,7 @@ def allocation_of(binding: PodBinding) -> dict[str, Any]:
         binding.namespace,
         binding.name,
         binding.node.name if binding.node else "",
-        allocation.containers_of(rows),
+        allocation.containers_of(map(allocation.SliceRow._make, rows)),
     )
 
 

@@ -75,6 +75,27 @@ class SliceRow(NamedTuple):
     mig_size: int | None
 
 
+class NewSlice(NamedTuple):
+    """An active slice to insert for a binding (`insert_binding`, `insert_slices`). Its fields,
+    in order, are the INSERT's columns after the binding's (`SLICE_VALUES`)."""
+
+    card_id: int
+    container_name: str
+    container_index: int
+    init: bool
+    memory_mib: int
+    cores: int
+    sidecar: bool
+    priority: int | None
+    mig_profile: str
+    mig_start: int | None  # NULL, as the size, for a slice that is no MIG instance
+    mig_size: int | None
+
+
+# The Slice field each `NewSlice` field writes, where the names differ.
+_NEW_SLICE_FIELDS = {"card_id": "card", "init": "init_container", "cores": "compute_percent"}
+SLICE_VALUES = tuple(_NEW_SLICE_FIELDS.get(f, f) for f in NewSlice._fields)
+
 _NODE = ("id", "name", "ready", "cordoned")
 _CARD = ("id", "node", "uuid", "index", "model", "memory_mib", "compute_units", "slots",
          "numa_node", "healthy", "health_reason", "cordoned", "present", "mode", "pending_mode",
@@ -85,11 +106,8 @@ BINDING_INSERT = ("pod_uid", "namespace", "name", "node", "phase", "reason", "re
                   "deadline", "reserved_at", "created_at", "updated_at")  # fmt: skip
 DECISION = ("pod_uid", "namespace", "name", "outcome", "summary", "feasible_nodes",
             "node_reasons", "reason_counts", "nodes_considered", "decided_at")  # fmt: skip
-# The binding first, "active" and "created_at" last: the rest are a caller's slice tuple.
-_SLICE_INSERT = ("binding", "card", "container_name", "container_index", "init_container",
-                 "memory_mib", "compute_percent", "sidecar", "priority", "mig_profile",
-                 "mig_start", "mig_size", "active", "created_at")  # fmt: skip
-SLICE_VALUES = _SLICE_INSERT[1:-2]  # what insert_binding / insert_slices take per slice
+# The binding first, "active" and "created_at" last: the rest are a caller's `NewSlice`.
+_SLICE_INSERT = ("binding", *SLICE_VALUES, "active", "created_at")
 
 
 @rawsql.per_vendor
@@ -305,9 +323,9 @@ class Locked(NamedTuple):
 
 def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
     """Lock the namespace's quota row, then the node's row, then read the node's cards, their
-    active slices and the pod's binding id: three statements in one round trip on PostgreSQL,
-    run in that order (the lock order of the module docstring), the read after both locks are
-    held (it must see a twin bind's reservation)."""
+    active slices and the pod's binding id, then the room nominations hold there: four
+    statements in one round trip on PostgreSQL, run in that order (the lock order `bind_pod`
+    documents), the reads after both locks are held (they must see a twin bind's reservation)."""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     quota_rows, node_rows, card_rows, held_rows = rawsql.fetch_in_order(
         [
@@ -340,10 +358,9 @@ def lock_and_read(namespace: str, node_name: str, pod_uid: str) -> Locked:
     )
 
 
-def insert_binding(values: dict[str, Any], slices: Sequence[tuple[Any, ...]]) -> int:
-    """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices
-    (`SLICE_VALUES` each: card id, container name, container index, init, memory MiB, compute
-    percent, sidecar, priority, MIG profile, start and size); the binding's new id.
+def insert_binding(values: dict[str, Any], slices: Sequence[NewSlice]) -> int:
+    """INSERT one binding row (`BINDING_INSERT` fields, Python values) and its active slices;
+    the binding's new id.
 
     On PostgreSQL one statement: the slices take their binding's id from the binding INSERT's
     RETURNING, in a CTE."""
@@ -389,15 +406,14 @@ def _binding_with_slices(n: int) -> str:
     )
 
 
-def insert_slices(binding_id: int, slices: Sequence[tuple[Any, ...]], now: datetime) -> None:
-    """INSERT active slices of a binding row that exists (`SLICE_VALUES` each), in one
-    statement."""
+def insert_slices(binding_id: int, slices: Sequence[NewSlice], now: datetime) -> None:
+    """INSERT active slices of a binding row that exists, in one statement."""
     if slices:
         rawsql.execute(*_slices_insert("%s", binding_id, slices, now))
 
 
 def _slices_insert(
-    binding_sql: str, binding_param: Any, slices: Sequence[tuple[Any, ...]], now: datetime
+    binding_sql: str, binding_param: Any, slices: Sequence[NewSlice], now: datetime
 ) -> tuple[str, list[Any]]:
     stamp = connection.ops.adapt_datetimefield_value(now)
     row = "(" + ", ".join([binding_sql] + ["%s"] * (len(_SLICE_INSERT) - 1)) + ")"

@@ -27,6 +27,7 @@ from django.db.models import Case, Count, Max, QuerySet, Sum, Value, When
 from controlplane import rawsql
 from controlplane.ledger.models import Slice
 from controlplane.scheduling import (
+    EXCLUSIVE_CORES,
     CardClaim,
     LedgerSlice,
     QuotaUsage,
@@ -41,7 +42,7 @@ SLICE_ROW = (
     "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent",
     "sidecar",
 )  # fmt: skip
-_EXCLUSIVE = Max(Case(When(compute_percent__gte=100, then=Value(1)), default=Value(0)))
+_EXCLUSIVE = Max(Case(When(compute_percent__gte=EXCLUSIVE_CORES, then=Value(1)), default=Value(0)))
 
 
 def claims_of(rows: Iterable[LedgerSlice]) -> dict[int, CardClaim]:

@@ -7,7 +7,8 @@ version was saved on another cluster (the resume point carries the cluster's ide
 replaced cluster's versions mean nothing here), when the API server says the version expired
 (410), when the version is ahead of the API server's (etcd restored from a backup: a watch from
 it would wait in silence), or when the last full relist is older than TESSERA_FULL_RESYNC_S.
-Temporary errors (API server or Redis away) are retried with exponential backoff and jitter; a
+Temporary errors (API server or Redis away) are retried with exponential backoff and full
+jitter, by Celery's own retry options (`RETRY`); a
 run that dies half-way has committed only whole repairs, and the next run finds the rest,
 because every repair is level-based. Each pass also drops the decision log entries of pods the
 cluster no longer has.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -55,7 +55,15 @@ PRUNE_LOCK_KEY = "tessera:prune:lock"
 # A prune deletes at most a few batches of rows: seconds. Longer than that, the lock has outlived
 # a worker that died holding it.
 PRUNE_LOCK_TTL_S = 600
-MAX_RETRIES = 8
+# Celery's automatic retry of a task that raised one of these: after a countdown drawn uniformly
+# from [0, min(60, 2**retries)] s (full jitter), at most 8 times.
+RETRY: dict[str, Any] = {
+    "autoretry_for": (TemporaryError, redis.RedisError),
+    "retry_backoff": 1,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 8,
+}
 
 
 def redis_client() -> redis.Redis:
@@ -64,43 +72,32 @@ def redis_client() -> redis.Redis:
     )
 
 
-def backoff_seconds(retries: int, base: float = 1.0, cap: float = 60.0) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**retries)]."""
-    return random.uniform(0, min(cap, base * (2**retries)))
-
-
-@shared_task(bind=True, name="controlplane.reconciler.tasks.reconcile", max_retries=MAX_RETRIES)
-def reconcile(self: Any, full: bool = False) -> dict[str, Any]:
+@shared_task(name="controlplane.reconciler.tasks.reconcile", **RETRY)
+def reconcile(full: bool = False) -> dict[str, Any]:
     """One reconcile pass, or nothing when another worker holds the lock."""
-    try:
-        client = redis_client()
-        lock = client.lock(LOCK_KEY, timeout=settings.TESSERA["RECONCILE_LOCK_TTL_S"])
-        if not lock.acquire(blocking=False):
-            return {"skipped": "another reconcile is running"}
-    except redis.RedisError as exc:
-        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+    client = redis_client()
+    lock = client.lock(LOCK_KEY, timeout=settings.TESSERA["RECONCILE_LOCK_TTL_S"])
+    if not lock.acquire(blocking=False):
+        return {"skipped": "another reconcile is running"}
     try:
         run = run_reconcile(adapter.cluster_source(), RedisState(client), full=full)
         return {"run": run.pk, "mode": run.mode, "drift": run.drift}
     except (TemporaryError, redis.RedisError) as exc:
         log.warning("reconcile: temporary error, retrying: %s", exc)
-        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+        raise
     finally:
         # Redis restarted or the lock expired: nothing to release; the TTL covers the rest.
         with contextlib.suppress(redis.RedisError):
             lock.release()
 
 
-@shared_task(bind=True, name="controlplane.reconciler.tasks.prune", max_retries=MAX_RETRIES)
-def prune(self: Any) -> dict[str, Any]:
+@shared_task(name="controlplane.reconciler.tasks.prune", **RETRY)
+def prune() -> dict[str, Any]:
     """One prune, or nothing when another worker holds the prune lock."""
-    try:
-        client = redis_client()
-        lock = client.lock(PRUNE_LOCK_KEY, timeout=PRUNE_LOCK_TTL_S)
-        if not lock.acquire(blocking=False):
-            return {"skipped": "another prune is running"}
-    except redis.RedisError as exc:
-        raise self.retry(exc=exc, countdown=backoff_seconds(self.request.retries)) from exc
+    client = redis_client()
+    lock = client.lock(PRUNE_LOCK_KEY, timeout=PRUNE_LOCK_TTL_S)
+    if not lock.acquire(blocking=False):
+        return {"skipped": "another prune is running"}
     try:
         result = run_prune()
         return {"cards": list(result.cards), "decisions": result.decisions}

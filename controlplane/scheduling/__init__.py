@@ -6,6 +6,7 @@ Parse a pod's GPU ask (:func:`parse_pod`), test and score nodes (:func:`filter_n
 """
 
 from controlplane.scheduling.claims import (
+    EXCLUSIVE_CORES,
     CardClaim,
     LedgerSlice,
     SliceClaim,
@@ -20,14 +21,8 @@ from controlplane.scheduling.config import (
     ResourceNames,
     SchedulingConfig,
 )
-from controlplane.scheduling.fit import (
-    explain,
-    filter_nodes,
-    fit_node,
-    place_on_node,
-    prioritize,
-    score_node,
-)
+from controlplane.scheduling.explain import explain
+from controlplane.scheduling.fit import filter_nodes, fit_node, place_on_node
 from controlplane.scheduling.quantity import parse_quantity
 from controlplane.scheduling.quota import (
     QuotaLimits,
@@ -44,10 +39,12 @@ from controlplane.scheduling.request import (
     parse_pod,
 )
 from controlplane.scheduling.result import Assignment, NodeFit, ReasonCode, Refusal
+from controlplane.scheduling.score import prioritize, score_node
 from controlplane.scheduling.state import CardState, NodeState, Snapshot
 
 __all__ = [
     "BINPACK",
+    "EXCLUSIVE_CORES",
     "MIG_RESOURCE_PREFIX",
     "POLICIES",
     "SPREAD",

@@ -15,6 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from controlplane.scheduling.mig import placement_mask
+
+#: A slice with this much compute (percent of the card) or more holds its card alone: no other
+#: pod may share the card. The one definition of "exclusive": the fit, the plan, the claims and
+#: the ledger's SQL (controlplane/ledger/usage.py) all compare against it.
+EXCLUSIVE_CORES = 100
+
 
 @dataclass(frozen=True, slots=True)
 class SliceClaim:
@@ -32,7 +39,7 @@ class SliceClaim:
     @property
     def mig_mask(self) -> int:
         """The memory slices the slice's MIG instance covers (0 for other slices)."""
-        return ((1 << self.mig_size) - 1) << self.mig_start
+        return placement_mask(self.mig_start, self.mig_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,7 @@ def claims_per_card(slices: Iterable[SliceClaim]) -> dict[str, CardClaim]:
     exclusive: set[str] = set()
     masks: dict[str, int] = {}
     for s in slices:
-        if s.cores >= 100:
+        if s.cores >= EXCLUSIVE_CORES:
             exclusive.add(s.card_uuid)
         if s.mig_size:
             masks[s.card_uuid] = masks.get(s.card_uuid, 0) | s.mig_mask
@@ -136,7 +143,7 @@ def _tally(
         t[0] += memory
         t[1] += cores
         t[2] += 1
-        t[3] += cores >= 100
+        t[3] += cores >= EXCLUSIVE_CORES
     return sums, folded
 
 

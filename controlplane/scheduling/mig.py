@@ -20,6 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def placement_mask(start: int, size: int) -> int:
+    """The memory slices an instance of ``size`` slices placed at ``start`` covers, as a bitmask
+    (bit i: memory slice i). The one definition: profiles, ledger claims and snapshots use it."""
+    return ((1 << size) - 1) << start
+
+
 @dataclass(frozen=True, slots=True)
 class MigProfile:
     """One GPU instance profile (NVIDIA's name, e.g. ``3g.40gb``) and its allowed starts."""
@@ -33,7 +39,7 @@ class MigProfile:
 
     def mask(self, start: int) -> int:
         """The memory slices an instance placed at ``start`` covers, as a bitmask."""
-        return ((1 << self.memory_slices) - 1) << start
+        return placement_mask(start, self.memory_slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,7 @@ class MigGeometry:
     @property
     def full(self) -> int:
         """Every memory slice of the card, as a bitmask."""
-        return (1 << self.memory_slices) - 1
+        return placement_mask(0, self.memory_slices)
 
 
 def _eight(label: str, sizes: tuple[str, str, str, str, str], mib: tuple[int, ...]) -> MigGeometry:

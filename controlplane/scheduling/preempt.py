@@ -13,6 +13,9 @@ exact: sets of one pod, then of two, ..., each size in full. A node with many ca
 make that slow, so past ``max_checks`` fit tests it falls back to Kubernetes' own way (evict
 every candidate the budgets allow, then keep back, highest priority first, every pod the
 preemptor still fits without): a set no pod of which can be spared, maybe not the smallest.
+
+The pure rule only; the rest of preemption (the extender's verb and its own preemptor, the
+ledger's reads and holds) is mapped in ``controlplane.extender.preemption``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from controlplane.scheduling.claims import EXCLUSIVE_CORES
 from controlplane.scheduling.config import (
     BINPACK,
     GPU_POLICY_WORDS,
@@ -21,6 +22,7 @@ from controlplane.scheduling.config import (
     SPREAD,
     SchedulingConfig,
 )
+from controlplane.scheduling.memory import MIB, PERCENT, WHOLE, memory_ask, sizer, slice_mib
 from controlplane.scheduling.mig import GEOMETRIES
 from controlplane.scheduling.quantity import parse_quantity
 from controlplane.scheduling.state import EXCLUSIVE, MIG, MPS, SHARED
@@ -101,11 +103,8 @@ class ContainerRequest:
 
     def memory_on(self, card_memory_mib: int) -> int:
         """MiB one slice of this container takes on a card with ``card_memory_mib`` in total."""
-        if self.memory_mib is not None:
-            return self.memory_mib
-        if self.memory_percent is not None:
-            return card_memory_mib * self.memory_percent // 100
-        return card_memory_mib
+        kind, value = memory_ask(self.memory_mib, self.memory_percent)
+        return slice_mib(kind, value, card_memory_mib)
 
     def describe_memory(self) -> str:
         """The memory ask as a person wrote it: "3000 MiB", "25% of the card", "a whole card"."""
@@ -119,15 +118,17 @@ class ContainerRequest:
 class ContainerPlan:
     """One container's ask in the shape the filter's loops want (internal to the core).
 
-    ``kind`` 0: absolute MiB in ``value``; 1: percent in ``value``; 2: whole card.
+    ``kind`` and ``value``: the memory ask (:func:`~controlplane.scheduling.memory.memory_ask`);
+    ``need(card_mib)``: the MiB one slice takes on a card of that size
+    (:func:`~controlplane.scheduling.memory.sizer`).
     ``strict``: the slice takes only a card that holds no slice yet (it asks 100% compute, or
     the pod's GPU policy is ``mutex``). ``whole``: memory and compute of the whole card (the
     one slice an exclusive-mode card takes).
     """
 
     __slots__ = (
-        "cores", "gpus", "init", "kind", "mig_profile", "request", "sidecar", "strict", "value",
-        "whole",
+        "cores", "gpus", "init", "kind", "mig_profile", "need", "request", "sidecar", "strict",
+        "value", "whole",
     )  # fmt: skip
 
     def __init__(self, request: ContainerRequest, mutex: bool = False) -> None:
@@ -136,36 +137,159 @@ class ContainerPlan:
         self.sidecar = request.sidecar
         self.gpus = request.gpus
         self.cores = request.cores
-        self.strict = request.cores >= 100 or mutex
-        if request.memory_mib is not None:
-            self.kind, self.value = 0, request.memory_mib
-        elif request.memory_percent is not None:
-            self.kind, self.value = 1, request.memory_percent
-        else:
-            self.kind, self.value = 2, 100
-        self.whole = self.kind != 0 and self.value == 100 and self.cores >= 100
+        self.strict = request.cores >= EXCLUSIVE_CORES or mutex
+        self.kind, self.value = memory_ask(request.memory_mib, request.memory_percent)
+        self.need: Callable[[int], int] = sizer(self.kind, self.value)
+        self.whole = self.kind != MIB and self.value == 100 and self.cores >= EXCLUSIVE_CORES
         self.mig_profile = request.mig_profile
 
-    def need(self, total_mib: int) -> int:
-        """MiB one slice takes on a card of ``total_mib``."""
-        if self.kind == 0:
-            return self.value
-        if self.kind == 1:
-            return total_mib * self.value // 100
-        return total_mib
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How the pod's cards are chosen and its nodes scored (``gpu_policy``, ``node_policy``,
+    numa-bind), in the form the greedy reads.
+
+    ``numa_order`` 0: no NUMA key; 1: NUMA node before the room left; 2: after it.
+    ``numa_bind``: a container's slices on one NUMA node (only set when some container has 2+
+    GPUs). ``mutex``: every slice takes only a card that holds none.
+    """
+
+    gpu_binpack: bool
+    node_binpack: bool
+    numa_order: int
+    numa_bind: bool
+    mutex: bool
+
+    @classmethod
+    def of(cls, request: PodRequest) -> Policy:
+        words = request.gpu_policy.split(",")
+        binpack = BINPACK in words
+        if NUMA not in words:
+            order = 0
+        else:
+            room = words.index(BINPACK if binpack else SPREAD)
+            order = 1 if words.index(NUMA) < room else 2
+        numa_bind = request.numa_bind and any(c.gpus > 1 for c in request.containers)
+        return cls(binpack, request.node_policy == BINPACK, order, numa_bind, MUTEX in words)
+
+
+@dataclass(frozen=True, slots=True)
+class CardFilter:
+    """The pod's include/exclude annotations on cards (use/nouse-gputype, use/nouse-gpuuuid).
+
+    Models repeat across a cluster, and so do whole nodes' lists of models: ``type_memo``
+    keeps the verdict per lower-cased model, ``mask_memo`` per node's models (the filter's
+    per-card masks).
+    """
+
+    use_types: tuple[str, ...]
+    nouse_types: tuple[str, ...]
+    use_uuids: frozenset[str]
+    nouse_uuids: frozenset[str]
+    type_memo: dict[str, bool] = field(default_factory=dict)
+    mask_memo: dict[str, tuple[bool, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request: PodRequest) -> CardFilter | None:
+        """The pod's card filter; None when it names no card."""
+        if not (
+            request.use_types or request.nouse_types or request.use_uuids or request.nouse_uuids
+        ):
+            return None
+        return cls(
+            request.use_types,
+            request.nouse_types,
+            frozenset(request.use_uuids),
+            frozenset(request.nouse_uuids),
+        )
+
+    def type_allowed(self, model_l: str) -> bool:
+        """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""
+        hit = self.type_memo.get(model_l)
+        if hit is None:
+            hit = (not self.use_types or any(t in model_l for t in self.use_types)) and not any(
+                t in model_l for t in self.nouse_types
+            )
+            self.type_memo[model_l] = hit
+        return hit
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """One slice of EVERY app container on one card at once: what a card must hold for the
+    filter to prove a node feasible in one pass over its cards (fastcheck.py).
+
+    ``mib`` sums the absolute asks, ``percents`` lists the percent asks, ``wholes`` counts the
+    whole-card asks. ``cores`` keeps 1% over for an app container that asks 0% after the
+    others took theirs: a card whose compute ends up fully booked takes no 0% slice after
+    that. ``exclusive``: some app container is strict (no stack can hold it). ``cards``: the
+    most GPUs one app container asks.
+    """
+
+    mib: int
+    percents: tuple[int, ...]
+    wholes: int
+    cores: int
+    exclusive: bool
+    cards: int
+
+    @classmethod
+    def of(cls, apps: tuple[ContainerPlan, ...]) -> Stack:
+        cores = before = 0
+        for c in apps:
+            if c.cores == 0:
+                cores = before + 1  # the prefix only grows: the last 0% container decides
+            before += c.cores
+        return cls(
+            mib=sum(c.value for c in apps if c.kind == MIB),
+            percents=tuple(c.value for c in apps if c.kind == PERCENT),
+            wholes=sum(1 for c in apps if c.kind == WHOLE),
+            cores=max(cores, before),
+            exclusive=any(c.strict for c in apps),
+            cards=max((c.gpus for c in apps), default=0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AbsApps:
+    """Two or more app containers, all with absolute memory, none exclusive, plain
+    binpack/spread: the common multi-container shape, which the filter runs on packed keys.
+
+    ``asks``: (MiB, cores, GPUs) per app container; the rest are the node-wide necessary
+    conditions: the largest ask and the totals.
+    """
+
+    asks: tuple[tuple[int, int, int], ...]
+    max_mib: int
+    total_mib: int
+    slices: int
+    max_cores: int
+    compute: int
+
+    @classmethod
+    def of(cls, apps: tuple[ContainerPlan, ...]) -> AbsApps:
+        return cls(
+            asks=tuple((c.value, c.cores, c.gpus) for c in apps),
+            max_mib=max(c.value for c in apps),
+            total_mib=sum(c.value * c.gpus for c in apps),
+            slices=sum(c.gpus for c in apps),
+            max_cores=max(c.cores for c in apps),
+            compute=sum(c.cores * c.gpus for c in apps),
+        )
 
 
 class Plan:
     """A :class:`PodRequest` compiled once for the filter's hot loops (internal to the core).
 
-    Besides per-container shapes it holds the "stack" of all app containers, the ask of a
-    card that would take one slice of every app container at once, which lets the filter
-    prove most nodes feasible with one pass over their cards (see ``fit.py``).
+    Per-container shapes, and named records of what the filter reads: ``policy`` (how cards
+    are chosen), ``cards`` (the card filter, None when the pod names no card), ``stack`` (one
+    slice of every app container on one card, which lets the filter prove most nodes feasible
+    with one pass over their cards), ``abs_apps`` (the packed-keys shape, None for others) and
+    ``single`` (the container of a one-container, one-slice pod on plain binpack/spread).
 
-    The rarer asks turn the fast paths off: ``mutex`` (every slice strict), a NUMA order of
-    cards (``numa_order`` 1: NUMA node first, 2: after the room left), ``numa_bind`` (a
-    container's slices on one NUMA node; only meaningful with 2+ GPUs) and sidecar init
-    containers make the filter take the general path or the greedy itself (``greedy_only``).
+    The rarer asks turn the fast shapes off: ``mutex``, a NUMA order of cards, numa-bind and
+    sidecar init containers make the filter take the general path or the greedy itself
+    (``greedy_only``: numa-bind or a sidecar).
 
     ``lanes``: the card modes the pod may use, in the order they are tried (a pod's slices all
     go to cards of one mode): from ``nvidia.com/vgpu-mode``, "hami-core" being the shared
@@ -174,97 +298,34 @@ class Plan:
 
     __slots__ = (
         "abs_apps",
-        "app_compute",
-        "app_max_cores",
-        "app_max_mem",
-        "app_slices",
-        "app_total_mem",
         "apps",
+        "cards",
         "containers",
-        "filtered",
-        "gpu_binpack",
         "greedy_only",
         "inits",
         "lanes",
-        "mask_memo",
-        "max_app_gpus",
-        "mutex",
-        "node_binpack",
-        "nouse_types",
-        "nouse_uuids",
-        "numa_bind",
-        "numa_order",
+        "policy",
         "single",
-        "stack_abs",
-        "stack_cores",
-        "stack_exclusive",
-        "stack_pcts",
-        "stack_whole",
-        "type_memo",
-        "use_types",
-        "use_uuids",
+        "stack",
     )
 
     def __init__(self, request: PodRequest) -> None:
-        words = request.gpu_policy.split(",")
-        self.mutex = MUTEX in words
-        self.gpu_binpack = BINPACK in words
-        if NUMA not in words:
-            self.numa_order = 0
-        else:
-            room = words.index(BINPACK if self.gpu_binpack else SPREAD)
-            self.numa_order = 1 if words.index(NUMA) < room else 2
-        self.containers = tuple(ContainerPlan(c, self.mutex) for c in request.containers)
+        policy = self.policy = Policy.of(request)
+        self.containers = tuple(ContainerPlan(c, policy.mutex) for c in request.containers)
         self.inits = tuple(c for c in self.containers if c.init)
-        self.apps = tuple(c for c in self.containers if not c.init)
-        self.numa_bind = request.numa_bind and any(c.gpus > 1 for c in self.containers)
-        self.greedy_only = self.numa_bind or any(c.sidecar for c in self.containers)
+        self.apps = apps = tuple(c for c in self.containers if not c.init)
+        self.greedy_only = policy.numa_bind or any(c.sidecar for c in self.containers)
         self.lanes = _lanes(request.vgpu_modes, self.containers)
-        self.use_types = request.use_types
-        self.nouse_types = request.nouse_types
-        self.use_uuids = frozenset(request.use_uuids)
-        self.nouse_uuids = frozenset(request.nouse_uuids)
-        self.filtered = bool(
-            request.use_types or request.nouse_types or request.use_uuids or request.nouse_uuids
-        )
-        self.node_binpack = request.node_policy == BINPACK
-        # The fast shapes below assume plain binpack/spread over independent cards.
-        plain = not (self.mutex or self.numa_order or self.greedy_only)
+        self.cards = CardFilter.of(request)
+        # The fast shapes below assume plain binpack/spread over independent cards, and
+        # ignore card filters: with filters the filter first works out which cards the pod
+        # may use, and uses these shapes when that is all of them.
+        plain = not (policy.mutex or policy.numa_order or self.greedy_only)
         only = self.containers[0] if len(self.containers) == 1 else None
-        # The shapes below ignore card filters: with filters the filter first works out
-        # which cards the pod may use, and uses these shapes when that is all of them.
         self.single = only if plain and only is not None and only.gpus == 1 else None
-        self.max_app_gpus = max((c.gpus for c in self.apps), default=0)
-        self.stack_abs = sum(c.value for c in self.apps if c.kind == 0)
-        self.stack_pcts = tuple(c.value for c in self.apps if c.kind == 1)
-        self.stack_whole = sum(1 for c in self.apps if c.kind == 2)
-        # A card whose compute ends up fully booked takes no 0%-compute slice after that: a
-        # card holding the stack must still have some compute left when the last 0% container
-        # comes, after at most one slice of each container before it (fit.py, _count_stack).
-        self.stack_cores = before = 0
-        for c in self.apps:
-            if c.cores == 0:
-                self.stack_cores = before + 1  # the prefix only grows: the last 0% one decides
-            before += c.cores
-        self.stack_cores = max(self.stack_cores, before)
-        self.stack_exclusive = any(c.strict for c in self.apps)
-        # Two or more app containers, all with absolute memory, none exclusive: the common
-        # multi-container shape, which the filter runs on packed keys.
-        simple = plain and all(c.kind == 0 and not c.strict for c in self.apps)
-        self.abs_apps = (
-            tuple((c.value, c.cores, c.gpus) for c in self.apps)
-            if simple and len(self.apps) >= 2
-            else None
-        )
-        self.app_max_mem = max((c.value for c in self.apps if c.kind == 0), default=0)
-        self.app_total_mem = sum(c.value * c.gpus for c in self.apps if c.kind == 0)
-        self.app_slices = sum(c.gpus for c in self.apps)
-        self.app_compute = sum(c.cores * c.gpus for c in self.apps)
-        self.app_max_cores = max((c.cores for c in self.apps), default=0)
-        # model (lower-case) -> allowed by use/nouse-gputype; models repeat across a cluster,
-        # and so do whole nodes' model lists (memoised as per-card masks).
-        self.type_memo: dict[str, bool] = {}
-        self.mask_memo: dict[str, tuple[bool, ...]] = {}
+        self.stack = Stack.of(apps)
+        simple = plain and all(c.kind == MIB and not c.strict for c in apps)
+        self.abs_apps = AbsApps.of(apps) if simple and len(apps) >= 2 else None
 
     def peak(self, value: Callable[[ContainerPlan], int]) -> int:
         """The most of ``value`` (a per-container amount) the pod holds at any one time.
@@ -290,24 +351,6 @@ class Plan:
     def shared_only(self) -> bool:
         """The pod uses shared cards only (every pod that does not say otherwise)."""
         return self.lanes == _SHARED_LANE
-
-    def type_allowed(self, model_l: str) -> bool:
-        """Whether a card model (lower-cased) passes use-gputype / nouse-gputype."""
-        hit = self.type_memo.get(model_l)
-        if hit is None:
-            hit = (not self.use_types or any(t in model_l for t in self.use_types)) and not any(
-                t in model_l for t in self.nouse_types
-            )
-            self.type_memo[model_l] = hit
-        return hit
-
-    def card_allowed(self, model_l: str, uuid_l: str) -> bool:
-        """Whether a card passes every include/exclude annotation."""
-        if not self.type_allowed(model_l):
-            return False
-        if self.use_uuids and uuid_l not in self.use_uuids:
-            return False
-        return uuid_l not in self.nouse_uuids
 
 
 _SHARED_LANE = (SHARED,)

@@ -8,16 +8,23 @@ ints from a tuple is an order of magnitude cheaper than walking card objects.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from controlplane.scheduling.claims import CardClaim
+from controlplane.scheduling.memo import (
+    MEMO_KEYS,
+    RANK_KEYS,
+    STALE_NAMES,
+    PerNode,
+    Ranking,
+    Stale,
+    V,
+    keep,
+)
 from controlplane.scheduling.mig import MigGeometry, geometry_for
-
-V = TypeVar("V")
 
 #: Card modes (docs/card-modes.md): how a card is shared, and so which slices it takes.
 SHARED = "shared"
@@ -25,9 +32,6 @@ MIG = "mig"
 MPS = "mps"
 EXCLUSIVE = "exclusive"
 CARD_MODES: tuple[str, ...] = (SHARED, MIG, MPS, EXCLUSIVE)
-MEMO_KEYS = 8  # Snapshot.per_node: pod shapes remembered per snapshot
-RANK_KEYS = 24  # Snapshot.ranked: rankings kept per snapshot
-STALE_NAMES = 64  # Snapshot.replacing: swapped names a memo may fall behind by, at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,11 +399,11 @@ class Snapshot:
 
     nodes: tuple[NodeState, ...]
     by_name: Mapping[str, NodeState] = field(init=False, repr=False, compare=False)
-    # per_node's values by key, and ranked's rankings by key; either may be _Stale
-    _memo: dict[Hashable, PerNode[Any] | _Stale[PerNode[Any]]] = field(
+    # per_node's values by key, and ranked's rankings by key; either may be Stale
+    _memo: dict[Hashable, PerNode[Any] | Stale[PerNode[Any]]] = field(
         init=False, repr=False, compare=False
     )
-    _ranks: dict[Hashable, Ranking | _Stale[Ranking]] = field(init=False, repr=False, compare=False)
+    _ranks: dict[Hashable, Ranking | Stale[Ranking]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -425,7 +429,7 @@ class Snapshot:
         node after every bind, and re-indexing a thousand nodes each time cost more than the
         bind's own arithmetic.
 
-        Memos and rankings go along as they were, with the names swapped (`_Stale`), and are
+        Memos and rankings go along as they were, with the names swapped (`Stale`), and are
         brought up to date the first time the new snapshot uses them: between two binds most
         are not used, and copying each of them after every bind cost 2 ms at 5,000 nodes. One
         whose swapped names pile up past a quarter of the nodes is dropped instead."""
@@ -445,7 +449,7 @@ class Snapshot:
         for label in ("_memo", "_ranks"):
             carried: dict[Hashable, Any] = {}
             for key, kept in list(getattr(self, label).items()):  # list(): one step under the GIL
-                stale = kept.then(swapped) if isinstance(kept, _Stale) else _Stale(kept, swapped)
+                stale = kept.then(swapped) if isinstance(kept, Stale) else Stale(kept, swapped)
                 if len(stale.swapped) <= most:
                     carried[key] = stale
             object.__setattr__(snapshot, label, carried)
@@ -466,13 +470,13 @@ class Snapshot:
         """
         found = self.remembered(key)
         if found is None:
-            found = _keep(self._memo, key, PerNode(function, self.by_name, default), MEMO_KEYS)
+            found = keep(self._memo, key, PerNode(function, self.by_name, default), MEMO_KEYS)
         return found
 
     def remembered(self, key: Hashable) -> PerNode[Any] | None:
         """`per_node`'s values for ``key`` when some caller asked for them already."""
         found = self._memo.get(key)
-        if isinstance(found, _Stale):
+        if isinstance(found, Stale):
             found = self._memo[key] = found.current(self.by_name)
         return found
 
@@ -489,114 +493,8 @@ class Snapshot:
         """
         ranks = self._ranks
         found = ranks.get(key)
-        if isinstance(found, _Stale):
+        if isinstance(found, Stale):
             found = ranks[key] = found.current(self.by_name)
         elif found is None:
-            found = _keep(ranks, key, Ranking.build(function, self.by_name), RANK_KEYS)
+            found = keep(ranks, key, Ranking.build(function, self.by_name), RANK_KEYS)
         return found
-
-
-K = TypeVar("K", bound="PerNode[Any] | Ranking")
-T = TypeVar("T")
-
-
-def _keep(kept: dict[Hashable, Any], key: Hashable, value: T, most: int) -> T:
-    """Add ``value`` under ``key``, dropping the oldest keys so that ``most`` remain."""
-    for oldest in list(kept)[: max(0, len(kept) - most + 1)]:
-        kept.pop(oldest, None)
-    kept[key] = value
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class _Stale(Generic[K]):
-    """A memo or ranking as an earlier snapshot kept it, and the names swapped since (in
-    order, maybe repeated): what `Snapshot.replacing` hands on instead of a copy."""
-
-    kept: K
-    swapped: tuple[str, ...]
-
-    def then(self, swapped: tuple[str, ...]) -> _Stale[K]:
-        """The same, with more names swapped."""
-        return _Stale(self.kept, self.swapped + swapped)
-
-    def current(self, nodes: Mapping[str, NodeState]) -> K:
-        """A copy brought up to date for ``nodes`` (a newer snapshot's nodes by name)."""
-        return self.kept.updated(nodes, self.swapped)  # type: ignore[return-value]
-
-
-class Ranking:
-    """`Snapshot.ranked`'s nodes: ``(number, name)`` pairs in ascending order, for ``nodes``
-    (a snapshot's nodes by name)."""
-
-    __slots__ = ("function", "nodes", "pairs")
-
-    def __init__(
-        self,
-        function: Callable[[NodeState], int | None],
-        nodes: Mapping[str, NodeState],
-        pairs: list[tuple[int, str]],
-    ) -> None:
-        self.function, self.nodes, self.pairs = function, nodes, pairs
-
-    @classmethod
-    def build(
-        cls, function: Callable[[NodeState], int | None], nodes: Mapping[str, NodeState]
-    ) -> Ranking:
-        pairs = []
-        for node in nodes.values():
-            value = function(node)
-            if value is not None:
-                pairs.append((value, node.name))
-        pairs.sort()
-        return cls(function, nodes, pairs)
-
-    def at_least(self, value: int) -> set[str]:
-        """The names of the nodes whose number is ``value`` or more."""
-        pairs = self.pairs
-        # (value,) sorts before every (value, name): the first pair at value or above.
-        return {name for _, name in pairs[bisect_left(pairs, (value,)) :]}
-
-    def updated(self, nodes: Mapping[str, NodeState], swapped: Iterable[str]) -> Ranking:
-        """A copy for ``nodes``, which differ from this ranking's in the ``swapped`` names
-        only (a node replaced, added or gone)."""
-        pairs = self.pairs.copy()
-        function, old = self.function, self.nodes
-        for name in dict.fromkeys(swapped):
-            before = old.get(name)
-            if before is not None and (value := function(before)) is not None:
-                at = bisect_left(pairs, (value, name))
-                if at < len(pairs) and pairs[at] == (value, name):
-                    del pairs[at]
-            node = nodes.get(name)
-            if node is not None and (value := function(node)) is not None:
-                insort(pairs, (value, name))
-        return Ranking(function, nodes, pairs)
-
-
-class PerNode(dict[str, V]):
-    """`Snapshot.per_node`'s values: a dict that works out a missing node's value on lookup."""
-
-    __slots__ = ("default", "function", "nodes")
-
-    def __init__(
-        self, function: Callable[[NodeState], V], nodes: Mapping[str, NodeState], default: Any
-    ) -> None:
-        super().__init__()
-        self.function, self.nodes, self.default = function, nodes, default
-
-    def __missing__(self, name: str) -> V:
-        node = self.nodes.get(name)
-        if node is None:
-            return self.default  # type: ignore[no-any-return]
-        value = self[name] = self.function(node)
-        return value
-
-    def updated(self, nodes: Mapping[str, NodeState], swapped: Iterable[str]) -> PerNode[V]:
-        """A copy for a derived snapshot's nodes, less the ``swapped`` names (worked out again
-        when next asked)."""
-        copy = PerNode(self.function, nodes, self.default)
-        copy.update(self)
-        for name in swapped:
-            copy.pop(name, None)
-        return copy

@@ -74,6 +74,40 @@ def test_role_ranking() -> None:
     assert users[Role.ADMIN].is_staff
 
 
+def test_the_users_page_and_each_request_agree_on_a_role_held_through_several_groups() -> None:
+    """One precedence (admin, operator, viewer, node) for an identity in several role groups:
+    what a request is allowed (role_of) and what the access page lists (access_users)."""
+    from django.contrib.auth.models import Group
+
+    from controlplane.access.roles import ensure_groups
+    from controlplane.dashboard.selectors import access_users
+
+    groups = ensure_groups()
+    users = get_user_model().objects
+    cases = {
+        "viewer-and-operator": [Role.VIEWER, Role.OPERATOR],
+        "node-and-viewer": [Role.NODE, Role.VIEWER],
+        "node-only": [Role.NODE],
+        "no-group": [],
+    }
+    for name, roles in cases.items():
+        user = users.create(username=name)
+        user.groups.set([groups[r] for r in roles])
+    users.create(username="root", is_superuser=True).groups.set([Group.objects.get(
+        name=Role.VIEWER.group_name)])  # fmt: skip
+    listed = {row.username: row.role for row in access_users()}
+    for name in [*cases, "root"]:
+        role = role_of(users.get(username=name))
+        assert listed[name] == (role.value if role else None), name
+    assert listed == {
+        "viewer-and-operator": "operator",
+        "node-and-viewer": "viewer",
+        "node-only": "node",
+        "no-group": None,
+        "root": "admin",
+    }
+
+
 def test_expired_token_is_refused() -> None:
     from datetime import timedelta
 
@@ -104,3 +138,36 @@ def test_a_token_in_x_tessera_token_works_where_authorization_is_absent() -> Non
     # Where both are sent, `Authorization` decides: a bad one is not rescued by the other.
     client.credentials(HTTP_AUTHORIZATION="Bearer tsr_wrong", HTTP_X_TESSERA_TOKEN=token)
     assert client.get("/api/v1/nodes/").status_code == 401
+
+
+def test_the_admin_sites_revoke_goes_through_the_audited_service() -> None:
+    """The admin action revokes by the same service as the dashboard (one writer of `revoked`,
+    audited); the change form shows `revoked` but cannot set it."""
+    from django.test import Client
+
+    from controlplane.ledger.models import AuditEvent
+
+    token = createtoken("gpu-node-9", "--role", "node")
+    createtoken("root", "--role", "admin")
+    root = get_user_model().objects.get(username="root")
+    root.is_staff = root.is_superuser = True
+    root.save(update_fields=["is_staff", "is_superuser"])
+    admin = Client()
+    admin.force_login(root)
+    stored = ApiToken.objects.get(user__username="gpu-node-9")
+    page = admin.get(f"/admin/access/apitoken/{stored.pk}/change/")
+    assert page.status_code == 200 and b'name="revoked"' not in page.content
+    answer = admin.post(
+        "/admin/access/apitoken/", {"action": "revoke", "_selected_action": [str(stored.pk)]}
+    )
+    assert answer.status_code == 302
+    stored.refresh_from_db()
+    assert stored.revoked
+    (event,) = AuditEvent.objects.filter(action="token-revoke")
+    assert (event.actor, event.target) == ("root", "gpu-node-9")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    refused = client.put(
+        "/api/v1/nodes/gpu-node-9/inventory", {"plugin_version": "1", "cards": []}, format="json"
+    )
+    assert refused.status_code == 401

@@ -37,7 +37,8 @@ from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
 from controlplane.ledger.services.quotas import QuotaLimitsInput, set_quota
 from tests.api.role_matrix import MATRIX, NONE, ROLES
 from tests.builders import card_report, make_node
-from tests.dashboard.builders import decision, gpu_container, pod
+from tests.dashboard.builders import decision, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

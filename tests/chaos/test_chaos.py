@@ -11,7 +11,7 @@ import os
 import pytest
 
 from e2e import chaos
-from e2e.cluster import HarnessError
+from e2e.harness import HarnessError
 
 
 def test_chaos_loses_nothing_doubles_nothing_and_over_allocates_nothing(

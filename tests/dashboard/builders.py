@@ -13,7 +13,8 @@ from controlplane.access.services import grant_role
 from controlplane.ledger.models import PodBinding, SchedulingDecision
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import make_node
+from tests.pods import gpu_container, pod_json
 
 PASSWORD = "correct-horse-battery-staple"
 

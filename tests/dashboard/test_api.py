@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 from controlplane.access.roles import Role
 from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node
 from tests.builders import token_client
-from tests.dashboard.builders import gpu_container, make_node, person, pod
+from tests.dashboard.builders import make_node, person, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from controlplane.access.roles import Role
 from controlplane.dashboard.looks import HUES, LOOKS, look_class, namespace_looks, preferred_look
-from tests.dashboard.builders import gpu_container, make_node, pod, signed_in
+from tests.dashboard.builders import make_node, pod, signed_in
+from tests.pods import gpu_container
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
 

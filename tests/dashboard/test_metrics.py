@@ -17,7 +17,8 @@ from controlplane.access.roles import Role
 from controlplane.dashboard import metrics
 from controlplane.ledger.models import Card, NamespaceQuota
 from tests.builders import token_client
-from tests.dashboard.builders import decision, gpu_container, make_node, pod
+from tests.dashboard.builders import decision, make_node, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

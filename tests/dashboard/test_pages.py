@@ -17,15 +17,8 @@ from controlplane.ledger.services import nominations
 from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
 from controlplane.scheduling import CardClaim
 from tests.builders import card_report
-from tests.dashboard.builders import (
-    PASSWORD,
-    decision,
-    gpu_container,
-    make_node,
-    person,
-    pod,
-    signed_in,
-)
+from tests.dashboard.builders import PASSWORD, decision, make_node, person, pod, signed_in
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,8 @@ from django.utils import timezone
 from controlplane.dashboard import selectors
 from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import Card, Node
-from tests.dashboard.builders import decision, gpu_container, make_node, pod
+from tests.dashboard.builders import decision, make_node, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

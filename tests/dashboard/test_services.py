@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.models import AllocationSample
-from tests.dashboard.builders import gpu_container, make_node, pod
+from tests.dashboard.builders import make_node, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

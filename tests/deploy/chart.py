@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 
-from e2e import cluster as harness
+from e2e.certificates import make_certificates, write_kubeconfig
+from e2e.cluster import PORT_NAMES, Cluster
+from e2e.harness import cache_dir, load_versions
+from e2e.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "tessera"
@@ -34,10 +37,10 @@ NAMESPACE = "tessera-system"
 @functools.cache
 def helm_path() -> Path:
     """The pinned helm, built by e2e/build.sh when absent; raises with the reason otherwise."""
-    version = harness.load_versions().get("HELM_VERSION")
+    version = load_versions().get("HELM_VERSION")
     if not version:
         raise RuntimeError("e2e/versions.env pins no HELM_VERSION: add HELM_VERSION=v3.x.y there")
-    binary = harness.cache_dir() / "bin" / f"helm-{version}" / "helm"
+    binary = cache_dir() / "bin" / f"helm-{version}" / "helm"
     if binary.is_file() and os.access(binary, os.X_OK):
         return binary
     proc = subprocess.run(
@@ -118,7 +121,7 @@ def container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str
 # --- a real kube-apiserver (e2e) ---------------------------------------------------------------
 
 
-class ApiServerOnly(harness.Cluster):
+class ApiServerOnly(Cluster):
     """The harness's etcd and kube-apiserver, started the way `Cluster._up` starts them."""
 
     def _up(self) -> None:
@@ -130,13 +133,13 @@ class ApiServerOnly(harness.Cluster):
         self.state = {
             "run_id": os.urandom(8).hex(),
             "run_dir": str(self.run_dir),
-            "ports": {name: harness.free_port(taken) for name in harness.PORT_NAMES},
+            "ports": {name: free_port(taken) for name in PORT_NAMES},
             "binaries": {k: str(v) for k, v in binaries.items()},
             "components": {},
-            "versions": harness.load_versions(),
+            "versions": load_versions(),
         }
         self._save_state()
-        harness.make_certificates(self.pki)
-        harness.write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
+        make_certificates(self.pki)
+        write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
         self._start_etcd(binaries["etcd"])
         self._start_apiserver(binaries["kube-apiserver"])

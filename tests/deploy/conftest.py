@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from e2e import cluster as harness
+from e2e.cluster import Options
+from e2e.harness import HarnessError, build_binaries, run_folder
 from tests.deploy.chart import ApiServerOnly, helm_path
 
 
@@ -28,15 +29,13 @@ def apiserver() -> Iterator[Any]:
     installing the chart needs only the API server). Its own run folder, so it never meets the
     e2e suite's session cluster."""
     try:
-        binaries = harness.build_binaries(("kube-apiserver",))
-    except harness.HarnessError as exc:
+        binaries = build_binaries(("kube-apiserver",))
+    except HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
-    run = ApiServerOnly(
-        harness.Options(run_dir=harness.run_folder("run-deploy"), binaries=binaries)
-    )
+    run = ApiServerOnly(Options(run_dir=run_folder("run-deploy"), binaries=binaries))
     try:
         run.up()
-    except harness.HarnessError as exc:
+    except HarnessError as exc:
         pytest.fail(f"the API server did not come up: {exc}", pytrace=False)
     try:
         yield run

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import Cluster, ExtenderSetup, HarnessError, Options
+from e2e.cluster import Cluster, ExtenderSetup, Options
 from e2e.hami import HamiChart, register_annotation, registered_cards
 from e2e.hami_plugin import NODE_LOCK, lock_held_by, release_patch, waiting_for_allocation
+from e2e.harness import HarnessError
 from e2e.objects import inventory
 
 SCHEDULER_CONFIG = """

@@ -262,7 +262,7 @@ def test_extender_sidecar_listens_on_loopback_only_and_signs_with_the_shared_key
     deploy = one(docs, "Deployment", f"{RELEASE}-scheduler")
     sidecar = next(c for c in containers(deploy) if c["name"] == "extender")
     command = sidecar["command"]
-    assert command[:3] == ["python", "-m", "controlplane.granian_cli"]  # granian's command line
+    assert command[:3] == ["python", "-m", "controlplane.sidecar"]  # granian
     assert command[-1] == "controlplane.wsgi:application"
     assert {"--host=127.0.0.1", "--port=8001", "--workers=1", "--interface=wsgi"} <= set(command)
     assert "--blocking-threads=16" in command  # scheduler.extender.threads

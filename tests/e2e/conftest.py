@@ -25,8 +25,9 @@ import pytest
 
 from e2e import objects
 from e2e.chart import CHART_VALUES_ENV, ChartConfig, ChartError
-from e2e.cluster import ROOT, Cluster, HarnessError, Options, build_binaries, run_folder
+from e2e.cluster import Cluster, Options
 from e2e.database import ScratchDatabase
+from e2e.harness import ROOT, HarnessError, build_binaries, run_folder
 
 # A PostgreSQL server (URL of any database on it): the session's control plane runs on a fresh
 # database there instead of SQLite, as production does.

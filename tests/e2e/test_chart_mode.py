@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import pytest
 import yaml
 
@@ -53,9 +54,7 @@ def _plain_env(container: dict[str, Any]) -> dict[str, str]:
 
 
 def _running_env(cluster: Cluster, component: str) -> dict[str, str]:
-    pid = cluster.state["components"][component]["pid"]
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    return dict(psutil.Process(cluster.state["components"][component]["pid"]).environ())
 
 
 def test_the_running_control_plane_has_the_charts_settings(

@@ -15,21 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from e2e import objects
-from e2e.cluster import (
-    Cluster,
-    HarnessError,
-    Options,
-    deployed_extender_command,
-    load_versions,
-    processes_of_run,
-    sidecar_argv,
-    sidecar_server,
-    stop_process_tree,
-)
+from e2e.cluster import Cluster, Options
 from e2e.database import ScratchDatabase
+from e2e.harness import HarnessError, load_versions
+from e2e.manifests import deployed_extender_command, sidecar_argv, sidecar_server
+from e2e.processes import ended, processes_of_run, stop_process_tree
 from tests.e2e.conftest import NODES, chart_values
 
 
@@ -165,8 +159,8 @@ def test_the_extender_sidecar_runs_the_deployments_command(cluster: Cluster) -> 
     assert found is not None
     wanted = list(chart.extender_command) if chart is not None else found[0]
     server, module, args = sidecar_server(wanted, "the manifest")
-    running = Path(f"/proc/{cluster.state['components']['extender']['pid']}/cmdline")
-    argv = [a for a in running.read_bytes().decode().split("\0") if a and a != "--access-log"]
+    running = psutil.Process(cluster.state["components"]["extender"]["pid"]).cmdline()
+    argv = [a for a in running if a and a != "--access-log"]
     assert argv[1:3] == ["-m", module]
     port = cluster.ports["extender"]
     assert argv[3:] == [f"--port={port}" if a.startswith("--port=") else a for a in args]
@@ -200,8 +194,8 @@ def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None
     assert argv[1:] == ["-m", "granian", "--host=127.0.0.1", "--port=9", "app:application"]
     argv = sidecar_argv(["gunicorn", "app", "--bind=0.0.0.0:8001"], 9, "x")
     assert argv[1:] == ["-m", "gunicorn", "app", "--bind=127.0.0.1:9"]
-    argv = sidecar_argv(["python", "-m", "controlplane.granian_cli", "--port=1", "app"], 9, "x")
-    assert argv[1:] == ["-m", "controlplane.granian_cli", "--port=9", "app"]
+    argv = sidecar_argv(["python", "-m", "controlplane.sidecar", "--port=1", "app"], 9, "x")
+    assert argv[1:] == ["-m", "controlplane.sidecar", "--port=9", "app"]
     with pytest.raises(HarnessError, match="x: the command \\['uvicorn'\\] is not granian"):
         sidecar_argv(["uvicorn", "--port=1", "app"], 9, "x")
     with pytest.raises(HarnessError, match="\\['python', '-m', 'uvicorn'\\] is not granian"):
@@ -223,17 +217,9 @@ def _pid_in(path: Path, timeout: float = 10) -> int:
     return int(path.read_text())
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _gone(pid: int, timeout: float = 5) -> bool:
     deadline = time.monotonic() + timeout
-    while _running(pid):
+    while not ended(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -271,14 +257,14 @@ def test_stop_ends_the_component_and_its_descendants_and_no_other_process_of_its
     stray = _pid_in(tmp_path / "stray.pid")
     try:
         assert os.getpgid(stray) == os.getpgid(component) == component
-        assert _running(stray) and _running(grandchild)
+        assert not ended(stray) and not ended(grandchild)
         if how == "down":
             harness.down(quiet=True)
         else:
             harness.stop_component("toy")
         for pid in (component, child, grandchild):
             assert _gone(pid), f"process {pid} of the component outlived its stop"
-        assert _running(stray), "a process of the group that is not the component's was stopped"
+        assert not ended(stray), "a process of the group that is not the component's was stopped"
         assert "toy" not in harness.state["components"]
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -25,7 +25,9 @@ import pytest
 from kubernetes import client
 
 from e2e import objects
-from e2e.cluster import Cluster, HarnessError, build_binaries, free_port
+from e2e.cluster import Cluster
+from e2e.harness import HarnessError, build_binaries
+from e2e.ports import free_port
 from tests.e2e.conftest import CARD_MEMORY_MIB, CARDS_PER_NODE, NODES
 
 pytestmark = pytest.mark.usefixtures("gpu_nodes")
@@ -388,7 +390,7 @@ def test_errors_are_one_line_and_exit_non_zero(
     card = tessera_cli("cordon", "GPU-no-such-card")
     assert card.code == 1 and card.err.startswith("error: not found (404): ")
 
-    closed = f"http://127.0.0.1:{free_port(set())}"
+    closed = f"http://127.0.0.1:{free_port()}"
     away = tessera_cli("inspect", "--server", closed)
     assert away.code == 1 and away.err.startswith(f"error: cannot reach Tessera at {closed}: ")
 

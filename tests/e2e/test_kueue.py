@@ -26,7 +26,8 @@ import pytest
 
 from e2e import kueue as kueue_
 from e2e import objects
-from e2e.cluster import Cluster, HarnessError
+from e2e.cluster import Cluster
+from e2e.harness import HarnessError
 from tests.e2e.conftest import chart_values
 
 pytestmark = [

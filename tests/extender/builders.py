@@ -4,27 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.builders import gpu_container, pod_json
-
-
-def gpu_pod(
-    name: str = "p",
-    namespace: str = "default",
-    *,
-    gpus: int = 1,
-    mem: int | None = 1000,
-    cores: int | None = None,
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    pod = pod_json(
-        name,
-        namespace,
-        containers=[gpu_container("main", gpus=gpus, mem=mem, cores=cores)],
-        annotations=annotations,
-    )
-    pod["apiVersion"], pod["kind"] = "v1", "Pod"
-    pod["spec"]["schedulerName"] = "tessera-scheduler"
-    return pod
+from tests.pods import pod_json
 
 
 def plain_pod(name: str = "web", namespace: str = "default") -> dict[str, Any]:

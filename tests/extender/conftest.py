@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from controlplane.extender.scheduler import recent_requests
 from controlplane.extender.snapshots import snapshot_cache
+from controlplane.extender.verbs import recent_requests
 from controlplane.kube import adapter
 from controlplane.kube import base as kube
 

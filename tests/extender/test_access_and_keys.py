@@ -11,8 +11,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.ledger import allocation
-from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.builders import filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VERBS = ["/scheduler/filter", "/scheduler/prioritize", "/scheduler/preempt", "/scheduler/bind"]

@@ -9,8 +9,9 @@ from controlplane.ledger.allocation import ANNOTATION, encode
 from controlplane.ledger.models import Node, PodBinding
 from controlplane.ledger.why import pod_status
 from tests.builders import make_node, token_client
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

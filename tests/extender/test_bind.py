@@ -14,8 +14,9 @@ from controlplane.ledger import allocation
 from controlplane.ledger.models import PodBinding, SchedulingDecision, Slice
 from controlplane.ledger.selectors import expired_reservations
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod, plain_pod
+from tests.extender.builders import bind_args, filter_args, plain_pod
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 
@@ -68,6 +69,19 @@ def test_bind_twice_returns_the_same_answer_without_a_second_binding(client, fak
     assert Slice.objects.filter(active=True).count() == 1
     other = bind(client, pod, "n2").json()["Error"]
     assert "already bound on node n1" in other
+
+
+def test_a_repeated_bind_of_a_pod_gone_since_gets_the_ledgers_answer(client, fake_kube) -> None:
+    make_node("n1", cards=1, memory_mib=10000)
+    pod = fake_kube.add(gpu_pod())
+    assert bind(client, pod, "n1").json() == {"Error": ""}
+    meta = pod["metadata"]
+    assert fake_kube.delete_pod(meta.get("namespace", "default"), meta["name"])
+    # bound before: success again, with no second Binding for a pod that is not there
+    assert bind(client, pod, "n1").json() == {"Error": ""}
+    assert len(fake_kube.bind_calls) == 1
+    # held on another node than the one asked: refused, naming where it is
+    assert "already bound on node n1" in bind(client, pod, "n2").json()["Error"]
 
 
 def test_a_retry_after_a_crash_completes_the_same_reservation(client, fake_kube) -> None:

@@ -19,8 +19,9 @@ from controlplane.kube import base as kube
 from controlplane.ledger.models import PodBinding, Slice
 from controlplane.ledger.selectors import expired_reservations
 from tests.builders import make_node, run_at_once, using_postgres
-from tests.extender.builders import bind_args, gpu_pod
+from tests.extender.builders import bind_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = [
     pytest.mark.postgres,

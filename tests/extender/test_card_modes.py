@@ -10,8 +10,9 @@ from controlplane.ledger.models import Card, SchedulingDecision
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.builders import filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

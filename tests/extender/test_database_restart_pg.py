@@ -17,12 +17,13 @@ from django.db import close_old_connections, connection, connections
 
 from controlplane.access.roles import Role
 from controlplane.access.services import create_token
-from controlplane.extender import decisions
+from controlplane.extender import decision_writer
 from controlplane.ledger.models import SchedulingDecision
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, using_postgres
-from tests.extender.builders import filter_args, gpu_pod
+from tests.extender.builders import filter_args
 from tests.extender.test_fastpath import call
+from tests.pods import gpu_pod
 
 pytestmark = [
     pytest.mark.postgres,
@@ -86,8 +87,8 @@ def test_the_decision_log_writes_its_next_batch_on_a_new_connection(settings) ->
     # (minutes, for a pod the scheduler has set aside as unschedulable).
     settings.TESSERA = {**settings.TESSERA, "DECISION_LOG_ASYNC": True}
     try:
-        decisions.record(unschedulable("before"))
-        decisions.writer.flush()
+        decision_writer.record(unschedulable("before"))
+        decision_writer.writer.flush()
         assert SchedulingDecision.objects.filter(name="before").exists()
         with connection.cursor() as cursor:  # the writer's connection: the other one here
             cursor.execute(
@@ -95,8 +96,8 @@ def test_the_decision_log_writes_its_next_batch_on_a_new_connection(settings) ->
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             assert cursor.fetchall(), "the writer holds no connection of its own"
-        decisions.record(unschedulable("after"))
-        decisions.writer.flush()
+        decision_writer.record(unschedulable("after"))
+        decision_writer.writer.flush()
         assert SchedulingDecision.objects.filter(name="after").exists()
     finally:
-        decisions.writer.stop()
+        decision_writer.writer.stop()

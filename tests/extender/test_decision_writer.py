@@ -7,12 +7,13 @@ import time
 import pytest
 
 from controlplane.access.roles import Role
-from controlplane.extender import decisions
+from controlplane.extender import decision_writer
 from controlplane.ledger.models import SchedulingDecision
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 from tests.builders import make_node, token_client
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 
 @pytest.mark.django_db(transaction=True)
@@ -22,24 +23,25 @@ def test_async_writer_writes_every_outcome_in_order(client, settings) -> None:
     for mem in (20000, 1000):  # first unschedulable, then feasible: the later one must win
         response = post(client, "/scheduler/filter", filter_args(gpu_pod("p", mem=mem), ["n1"]))
         assert response.status_code == 200
-    decisions.record_bind("uid-default-p", "default", "p", "bind_failed", "refused: gone")
+    decision_writer.record_bind("uid-default-p", "default", "p", "bind_failed", "refused: gone")
     for i in range(50):
         post(client, "/scheduler/filter", filter_args(gpu_pod(f"q{i}"), ["n1"]))
-    decisions.writer.flush()
+    decision_writer.writer.flush()
     row = SchedulingDecision.objects.get(pod_uid="uid-default-p")
     assert (row.outcome, row.summary) == ("bind_failed", "refused: gone")
     assert row.reason_counts == {} and row.feasible_nodes == ["n1"]  # from the 2nd filter
     assert SchedulingDecision.objects.count() == 51
-    assert decisions.writer.dropped == 0
-    decisions.writer.stop()
-    assert decisions.writer._thread is not None and not decisions.writer._thread.is_alive()
+    assert decision_writer.writer.dropped == 0
+    decision_writer.writer.stop()
+    thread = decision_writer.writer.worker.thread
+    assert thread is not None and not thread.is_alive()
 
 
 @pytest.fixture
 def async_log(settings):
     settings.TESSERA = {**settings.TESSERA, "DECISION_LOG_ASYNC": True}
     yield
-    decisions.writer.stop()
+    decision_writer.writer.stop()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -50,7 +52,7 @@ def test_a_pod_bound_at_once_leaves_no_feasible_row_and_why_answers_from_the_bin
     pod = fake_kube.add(gpu_pod("p"))
     assert post(client, "/scheduler/filter", filter_args(pod, ["n1"])).json()["NodeNames"] == ["n1"]
     assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}
-    decisions.writer.flush()
+    decision_writer.writer.flush()
     assert not SchedulingDecision.objects.filter(pod_uid="uid-default-p").exists()
     body = token_client("vera", Role.VIEWER).get("/api/v1/pods/default/p/why").json()
     assert body["outcome"] == "bound" and body["summary"] == "bound on node n1, cards GPU-n1-0."
@@ -62,7 +64,7 @@ def test_a_pod_bound_at_once_leaves_no_feasible_row_and_why_answers_from_the_bin
 def test_a_feasible_pod_left_unbound_is_written_when_its_hold_ends(
     client, async_log, monkeypatch
 ) -> None:
-    monkeypatch.setattr(decisions, "HOLD_S", 0.3)
+    monkeypatch.setattr(decision_writer, "HOLD_S", 0.3)
     make_node("n1", cards=1, memory_mib=10000)
     post(client, "/scheduler/filter", filter_args(gpu_pod("waits"), ["n1"]))
     time.sleep(0.1)
@@ -81,12 +83,12 @@ def test_an_unschedulable_row_says_bound_once_the_pod_binds(client, async_log, f
     make_node("n1", cards=1, memory_mib=10000)
     pod = fake_kube.add(gpu_pod("late", mem=20000))
     assert post(client, "/scheduler/filter", filter_args(pod, ["n1"])).json()["NodeNames"] == []
-    decisions.writer.flush()
+    decision_writer.writer.flush()
     assert SchedulingDecision.objects.get(pod_uid="uid-default-late").outcome == "unschedulable"
     fits = fake_kube.add(gpu_pod("late", mem=4000))  # room now (same UID: the builder's)
     assert post(client, "/scheduler/filter", filter_args(fits, ["n1"])).json()["NodeNames"]
     assert post(client, "/scheduler/bind", bind_args(fits, "n1")).json() == {"Error": ""}
-    decisions.writer.flush()
+    decision_writer.writer.flush()
     row = SchedulingDecision.objects.get(pod_uid="uid-default-late")
     # no longer counted as unschedulable (the dashboard's count), even after the pod ends
     assert row.outcome == "bound" and "20000" in row.summary
@@ -100,8 +102,8 @@ def test_an_unschedulable_row_says_bound_once_the_pod_binds(client, async_log, f
 def test_a_failed_bind_writes_the_held_decision_then_the_failure(client, async_log) -> None:
     make_node("n1", cards=1, memory_mib=10000)
     post(client, "/scheduler/filter", filter_args(gpu_pod("f"), ["n1"]))
-    decisions.record_bind("uid-default-f", "default", "f", "bind_failed", "refused: gone")
-    decisions.writer.flush()
+    decision_writer.record_bind("uid-default-f", "default", "f", "bind_failed", "refused: gone")
+    decision_writer.writer.flush()
     row = SchedulingDecision.objects.get(pod_uid="uid-default-f")
     assert (row.outcome, row.summary, row.feasible_nodes) == (
         "bind_failed",
@@ -114,8 +116,9 @@ def test_a_failed_bind_writes_the_held_decision_then_the_failure(client, async_l
 def test_entries_arriving_in_the_batch_window_do_not_wake_the_writer_one_by_one(
     async_log, monkeypatch
 ) -> None:
-    monkeypatch.setattr(decisions, "BATCH_WINDOW_S", 5.0)  # the batch ends at the flush
-    wake = decisions.writer._wake
+    # the batch ends at the flush
+    monkeypatch.setattr(decision_writer.writer.worker, "window_s", 5.0)
+    wake = decision_writer.writer.worker._wake
     wakes: list[int] = []
     real_set = wake.set
 
@@ -127,9 +130,9 @@ def test_entries_arriving_in_the_batch_window_do_not_wake_the_writer_one_by_one(
     for i in range(50):
         record = DecisionRecord(f"u{i}", "default", f"p{i}", Outcome.UNSCHEDULABLE, "no room",
                                 (), {}, {}, 1)  # fmt: skip
-        decisions.record(record)
-    decisions.writer.flush()
+        decision_writer.record(record)
+    decision_writer.writer.flush()
     # At most the first entry (when the thread was idle) and the flush: not one per entry.
     assert len(wakes) <= 2
     assert SchedulingDecision.objects.count() == 50
-    assert decisions.writer.dropped == 0
+    assert decision_writer.writer.dropped == 0

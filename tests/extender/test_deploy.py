@@ -60,12 +60,12 @@ def header_read_timeout_ms(command: list[str]) -> int:
 
 def test_sidecar_keeps_idle_connections_longer_than_the_scheduler() -> None:
     """granian closes a connection idle for its header-read timeout; its own command line caps
-    that at 60 s, so the sidecar runs it through controlplane.granian_cli (docs/extender.md)."""
+    that at 60 s, so the sidecar starts granian through controlplane.sidecar (docs/extender.md)."""
     deployment = next(d for d in docs("scheduler/deployment.yaml") if d["kind"] == "Deployment")
     [sidecar] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
                  if c["name"] == "extender"]  # fmt: skip
     command = sidecar["command"]
-    assert command[:3] == ["python", "-m", "controlplane.granian_cli"]
+    assert command[:3] == ["python", "-m", "controlplane.sidecar"]
     assert header_read_timeout_ms(command) > SCHEDULER_IDLE_CONN_S * 1000
 
 

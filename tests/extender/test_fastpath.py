@@ -12,8 +12,9 @@ import pytest
 from controlplane.extender import fastpath
 from controlplane.ledger.models import PodBinding
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ from controlplane.ledger.models import NamespaceQuota, PodBinding, SchedulingDec
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import filter_args, gpu_pod, plain_pod, v1_node
+from tests.extender.builders import filter_args, plain_pod, v1_node
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

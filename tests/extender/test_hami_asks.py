@@ -12,9 +12,10 @@ from controlplane.ledger import allocation
 from controlplane.ledger.models import SchedulingDecision
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.builders import make_node
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_container, gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,9 @@ from prometheus_client import REGISTRY
 from controlplane.kube import base as kube
 from controlplane.kube import events
 from tests.builders import make_node
-from tests.extender.builders import bind_args, gpu_pod
+from tests.extender.builders import bind_args
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from tests.builders import make_node
-from tests.extender.builders import bind_args, gpu_pod, plain_pod
+from tests.extender.builders import bind_args, plain_pod
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

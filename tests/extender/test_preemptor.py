@@ -8,16 +8,17 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.extender import preemptor as preempting
-from controlplane.extender.preemptor import finish, preempt, preemptor, selector_matches
+from controlplane.extender.preemption import preemptor as preempting
+from controlplane.extender.preemption.preemptor import finish, preempt, preemptor, selector_matches
 from controlplane.ledger.errors import AllocationRefused
 from controlplane.ledger.models import AuditEvent, Nomination, PodBinding
 from controlplane.ledger.services import bindings, decisions, nominations
 from controlplane.ledger.why import pod_status as status_of
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,9 @@ import pytest
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import filter_args, gpu_pod, plain_pod
+from tests.extender.builders import filter_args, plain_pod
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 
@@ -62,16 +63,16 @@ def test_bad_input_is_a_400_with_the_reason(client) -> None:
 def test_the_request_filter_parsed_is_reused_for_the_same_pod(
     client, half_full_and_empty, monkeypatch
 ) -> None:
-    from controlplane.extender import scheduler
+    from controlplane.extender import verbs
 
     parsed: list[str] = []
-    real = scheduler.parse_pod
+    real = verbs.parse_pod
 
     def counting(pod, config=None):
         parsed.append(pod["metadata"]["name"])
         return real(pod, config)
 
-    monkeypatch.setattr(scheduler, "parse_pod", counting)
+    monkeypatch.setattr(verbs, "parse_pod", counting)
     pod = gpu_pod("seen", mem=1000, annotations={"tessera.io/node-policy": "spread"})
     post(client, "/scheduler/filter", filter_args(pod, half_full_and_empty))
     assert scores(client, pod, half_full_and_empty) == {"empty": 9, "half": 4}

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import deployed_extender_command, free_port, sidecar_argv, stop_process_tree
+from e2e.manifests import deployed_extender_command, sidecar_argv
+from e2e.ports import free_port
+from e2e.processes import stop_process_tree
+from tests.pods import gpu_container, pod_json
 
 ROOT = Path(__file__).resolve().parents[2]
 # kube-scheduler's idle-connection timeout (Go's http.DefaultTransport.IdleConnTimeout).
@@ -35,7 +38,7 @@ def sidecar(tmp_path: Path) -> Iterator[int]:
     database and the embedded stand-in; yields its port."""
     found = deployed_extender_command()
     assert found is not None, "deploy/scheduler/deployment.yaml has no extender command"
-    port = free_port(set())
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "DJANGO_"))}
     env.update(
         DATABASE_URL=f"sqlite:///{tmp_path / 'sidecar.sqlite3'}",
@@ -78,17 +81,7 @@ def sidecar(tmp_path: Path) -> Iterator[int]:
 
 
 def _filter(conn: http.client.HTTPConnection, name: str) -> dict:
-    pod = {
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
-                }
-            ]
-        },
-    }
+    pod = pod_json(name, uid=f"uid-{name}", containers=[gpu_container("c", gpus=1, mem=1000)])
     body = json.dumps({"Pod": pod, "NodeNames": ["gpu-0"]}).encode()
     conn.request(
         "POST", "/scheduler/filter", body=body, headers={"Content-Type": "application/json"}
@@ -100,20 +93,30 @@ def _filter(conn: http.client.HTTPConnection, name: str) -> dict:
     return json.loads(answer)
 
 
-def test_the_sidecars_command_line_is_granians_with_a_longer_header_read_timeout() -> None:
-    """granian's own command line refuses more than 60,000 ms; the sidecar's takes it, and
-    every other option as granian does."""
+def test_the_sidecar_takes_granians_options_and_a_longer_header_read_timeout() -> None:
+    """granian's own command line refuses more than 60,000 ms; the sidecar takes it, and the
+    manifests' other options by granian's names, and gives them to granian's server class."""
     import click
     from granian.cli import cli as granian_cli
+    from granian.constants import HTTPModes, Interfaces
 
-    from controlplane.granian_cli import command
+    from controlplane.sidecar import server
 
-    argv = ["--interface=wsgi", "--http1-header-read-timeout=120000", "app:application"]
+    found = deployed_extender_command()
+    assert found is not None
+    argv = found[0][3:]  # after `python -m controlplane.sidecar`
+    assert "--http1-header-read-timeout=120000" in argv
     with pytest.raises(click.BadParameter, match="60000"):
         granian_cli.make_context("granian", list(argv))
-    params = command().make_context("granian", list(argv)).params
-    assert params["http1_header_read_timeout"] == 120000
-    assert params["interface"] == "wsgi" and params["app"] == "app:application"
+    granian = server(argv)
+    assert granian.http1_settings.header_read_timeout == 120000
+    assert granian.target == "controlplane.wsgi:application"
+    assert granian.interface == Interfaces.WSGI and granian.http == HTTPModes.http1
+    assert (granian.bind_addr, granian.bind_port) == ("127.0.0.1", 8001)
+    assert granian.workers == 1 and granian.blocking_threads == 16
+    assert granian.blocking_threads_idle_timeout == 300 and not granian.websockets
+    with pytest.raises(SystemExit):  # an option it does not know is refused, not ignored
+        server([*argv[:-1], "--runtime-threads=2", argv[-1]])
 
 
 @pytest.mark.slow

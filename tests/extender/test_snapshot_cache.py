@@ -15,8 +15,9 @@ from controlplane.ledger.models import Node
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
-from tests.extender.builders import bind_args, filter_args, gpu_pod
+from tests.extender.builders import bind_args, filter_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from tests.builders import make_node
-from tests.extender.builders import gpu_pod, plain_pod
+from tests.extender.builders import plain_pod
 from tests.extender.conftest import fixture_pod, post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from e2e import images
+from e2e.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -83,18 +83,12 @@ def test_controlplane_entry_points(built: dict[str, images.Image]) -> None:
     env = {"TESSERA_ENV": "dev", "TESSERA_LOCAL_DIR": "/tmp/tessera"}
     assert "gunicorn" in run(image, "gunicorn", "--version")
     assert "granian" in run(image, "granian", "--version").lower()
-    # The extender sidecar's command (granian's command line, controlplane/granian_cli.py).
-    sidecar = run(image, "python", "-m", "controlplane.granian_cli", "--version")
+    # The extender sidecar's command (granian through its server class, controlplane/sidecar.py).
+    sidecar = run(image, "python", "-m", "controlplane.sidecar", "--version")
     assert sidecar.split()[-1] == run(image, "granian", "--version").split()[-1]
     assert "controlplane" in run(image, "celery", "-A", "controlplane.celery", "report", env=env)
     checked = run(image, "python", "manage.py", "check", env=env)
     assert "no issues" in checked
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -123,7 +117,7 @@ def serving(
 
 
 def test_controlplane_serves_health(built: dict[str, images.Image]) -> None:
-    port = _free_port()
+    port = free_port()
     env = {"TESSERA_ENV": "dev", "TESSERA_LOCAL_DIR": "/tmp/tessera",
            "TESSERA_ALLOWED_HOSTS": "127.0.0.1"}  # fmt: skip
     with serving(built["controlplane"], port, env) as proc:

@@ -15,7 +15,7 @@ from controlplane.kube.adapter import get_kube
 from controlplane.kube.base import KubeError, api_ms, reset_api_ms
 from controlplane.kube.embedded import EmbeddedKube
 from controlplane.kube.real import RealKube
-from tests.extender.builders import gpu_pod
+from tests.pods import gpu_pod
 
 STATUS_201 = {
     "kind": "Status",
@@ -150,7 +150,7 @@ def test_the_generated_client_alone_would_mistake_that_status_for_a_failure(api_
         target=k8s.V1ObjectReference(kind="Node", name="n1"),
     )
     with pytest.raises(ValueError, match="target"):
-        api_server._api.create_namespaced_pod_binding("p", "default", body)
+        api_server.api.create_namespaced_pod_binding("p", "default", body)
     assert FakeApiServer.requests[-1][0] == "POST"  # the POST did go out
 
 
@@ -272,7 +272,7 @@ class SeesAuth(KeepAliveApiServer):
 
 @pytest.fixture
 def pki(tmp_path):
-    from e2e.cluster import make_certificates
+    from e2e.certificates import make_certificates
 
     make_certificates(tmp_path)
     return tmp_path
@@ -320,7 +320,7 @@ def test_binds_go_over_tls_with_the_configured_ca_client_cert_and_fresh_token(pk
 
 
 def test_a_server_the_ca_does_not_vouch_for_is_unreachable_and_nothing_was_sent(pki, tmp_path):
-    from e2e.cluster import make_certificates
+    from e2e.certificates import make_certificates
 
     server = _tls_server(pki, client_ca=False)
     other = tmp_path / "other"

@@ -15,7 +15,8 @@ from controlplane import rawsql
 from controlplane.ledger import sql
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json, using_postgres
+from tests.builders import make_node, using_postgres
+from tests.pods import gpu_container, pod_json
 
 pytestmark = [
     pytest.mark.postgres,

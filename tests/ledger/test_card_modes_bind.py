@@ -13,7 +13,8 @@ from controlplane.ledger import allocation, errors, selectors
 from controlplane.ledger.models import Card, Slice
 from controlplane.ledger.services import bindings, modes
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,8 @@ from controlplane.ledger import errors
 from controlplane.ledger.models import Card, PodBinding, Slice
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json, run_at_once, using_postgres
+from tests.builders import make_node, run_at_once, using_postgres
+from tests.pods import gpu_container, pod_json
 
 pytestmark = [
     pytest.mark.postgres,

@@ -12,8 +12,9 @@ from prometheus_client import REGISTRY
 from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import confirmations
 from tests.builders import make_node
-from tests.extender.builders import bind_args, gpu_pod
+from tests.extender.builders import bind_args
 from tests.extender.conftest import post
+from tests.pods import gpu_pod
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,7 +41,8 @@ def phases() -> list[str]:
 def test_bind_confirms_off_its_path_many_pods_in_one_statement(
     client, fake_kube, async_confirmations, monkeypatch
 ) -> None:
-    monkeypatch.setattr(confirmations, "BATCH_WINDOW_S", 5.0)  # the batch ends at the flush
+    # the batch ends at the flush
+    monkeypatch.setattr(confirmations.confirmer.worker, "window_s", 5.0)
     make_node("n1", cards=1, memory_mib=10000)
     pods = [fake_kube.add(gpu_pod(f"b{i}")) for i in range(3)]
     started = timezone.now()
@@ -100,7 +102,7 @@ def test_past_the_queue_bound_a_confirmation_is_written_on_the_callers_path(
 
 
 def test_stop_writes_what_is_queued(client, fake_kube, async_confirmations, monkeypatch) -> None:
-    monkeypatch.setattr(confirmations, "BATCH_WINDOW_S", 30.0)
+    monkeypatch.setattr(confirmations.confirmer.worker, "window_s", 30.0)
     make_node("n1", cards=1, memory_mib=10000)
     pod = fake_kube.add(gpu_pod("b0"))
     assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}

@@ -15,7 +15,8 @@ from controlplane.ledger.models import Card, Node, PodBinding
 from controlplane.ledger.services.cordons import set_card_cordon, set_node_cordon
 from controlplane.ledger.services.quotas import QuotaLimitsInput, set_quota
 from tests.builders import token_client
-from tests.dashboard.builders import decision, gpu_container, make_node, pod, signed_in
+from tests.dashboard.builders import decision, make_node, pod, signed_in
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 

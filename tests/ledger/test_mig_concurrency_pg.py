@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from controlplane.ledger.models import Card, Slice
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json, run_at_once, using_postgres
+from tests.builders import make_node, run_at_once, using_postgres
 from tests.ledger.test_concurrency_pg import reserving
+from tests.pods import gpu_container, pod_json
 
 pytestmark = [
     pytest.mark.postgres,

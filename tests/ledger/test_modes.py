@@ -10,7 +10,8 @@ from controlplane.ledger.errors import NotFound, ServiceError
 from controlplane.ledger.models import AuditEvent, Card
 from controlplane.ledger.services import bindings, mode_rules, modes
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -37,8 +37,9 @@ from controlplane.ledger.services import (
     quotas,
 )
 from controlplane.scheduling import CardClaim, parse_pod
-from tests.builders import card_report, gpu_container, make_node, pod_json
+from tests.builders import card_report, make_node
 from tests.ledger_guard import ROOT, guarded
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 
@@ -215,7 +216,7 @@ SCENARIOS: dict[str, Scenario] = {
 }
 # Public functions that write nothing themselves.
 NOT_WRITERS = {
-    "confirmations.retry_delay",
+    "bindings.held_reservation",  # a repeat read back, for a bind whose pod is gone
     "nodes.lock_card",
     "modes.active_slices",
     "modes.apply_after_release",  # queues `apply_pending_modes` for after the commit

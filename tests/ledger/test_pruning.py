@@ -16,7 +16,8 @@ from controlplane.ledger import selectors
 from controlplane.ledger.models import AuditEvent, Card, PodBinding, SchedulingDecision, Slice
 from controlplane.ledger.services import bindings, decisions, nodes
 from controlplane.scheduling import parse_pod
-from tests.builders import card_report, gpu_container, make_node, pod_json
+from tests.builders import card_report, make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,8 @@ from controlplane.ledger import errors, selectors, usage
 from controlplane.ledger.models import Card, NamespaceQuota, PodBinding, Slice
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import ReasonCode, parse_pod
-from tests.builders import card_report, gpu_container, make_node, pod_json
+from tests.builders import card_report, make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

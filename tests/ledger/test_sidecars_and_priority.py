@@ -12,7 +12,8 @@ from controlplane.ledger import allocation, errors, selectors, sql, usage, why
 from controlplane.ledger.models import Card, NamespaceQuota, PodBinding, Slice
 from controlplane.ledger.services import bindings
 from controlplane.scheduling import QuotaUsage, claims_per_card, parse_pod, usage_of
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -7,16 +7,17 @@ import pytest
 
 from controlplane.ledger import selectors, sql, usage
 from controlplane.ledger.models import Card
-from controlplane.scheduling import QuotaUsage
-from tests.dashboard.builders import gpu_container, make_node, pod
+from controlplane.scheduling import EXCLUSIVE_CORES, QuotaUsage
+from tests.dashboard.builders import make_node, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db
 
 
 def test_card_usage_matches_the_schedulers_snapshot_with_init_containers() -> None:
     make_node("n1", cards=3, memory_mib=20000)
-    pod("excl", "n1", gpu_container(mem=1000, cores=100))
-    pod("plain", "n1", gpu_container(mem=2000, cores=10))
+    pod("excl", "n1", gpu_container(mem=1000, cores=EXCLUSIVE_CORES))
+    pod("plain", "n1", gpu_container(mem=2000, cores=EXCLUSIVE_CORES - 1))
     pod(
         "with-init",
         "n1",
@@ -35,6 +36,8 @@ def test_card_usage_matches_the_schedulers_snapshot_with_init_containers() -> No
     assert got == {k: v for k, v in expected.items() if v != (0, 0, 0, False)}
     # the fold of slice rows a caller holds gives the same figures as the database's sums
     assert usage.claims_of(sql.active_slices()) == held
+    # one rule for "exclusive", in SQL and in Python: the card at the threshold only
+    assert sorted(u.exclusive for u in held.values()) == [False, False, True]
     # the init container is counted at its peak, not on top of the app container; the
     # released pod holds nothing
     assert sum(u.memory_mib for u in held.values()) == 1000 + 2000 + 5000

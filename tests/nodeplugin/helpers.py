@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.request
 import uuid as uuidlib
@@ -83,12 +82,6 @@ def expected_env(slices: list[Slice]) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def scrape(port: int) -> Scrape:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -99,9 +92,10 @@ def scrape(port: int) -> Scrape:
     return out
 
 
-async def scrape_when(port: int, ready: Callable[[Scrape], bool], timeout: float = 5.0) -> Scrape:
+async def scrape_when(port: int, ready: Callable[[Scrape], bool], timeout: float = 15.0) -> Scrape:
     """The first scrape ``ready`` accepts: the plugin samples in a thread, so what a test just
-    wrote shows after the next sample, not at once."""
+    wrote shows after the next sample, not at once. The timeout is generous (a loaded machine
+    runs three test workers beside a cluster): waiting ends as soon as ``ready`` holds."""
     deadline = time.monotonic() + timeout
     while True:
         m = await asyncio.to_thread(scrape, port)

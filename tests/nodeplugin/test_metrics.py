@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import cast
 
+from e2e.ports import free_port
 from nodeplugin.cards import Card
 from nodeplugin.metrics import (
     CARD_LABELS,
@@ -29,7 +30,6 @@ from tests.nodeplugin.helpers import (
     Scrape,
     bind_pod,
     cdi_name,
-    free_port,
     region_bytes,
     scrape_when,
 )
@@ -294,7 +294,7 @@ def test_an_ended_container_leaves_the_series(short_tmp: Path) -> None:
             used = "tessera_container_gpu_memory_used_bytes"
             await scrape_when(port, lambda m: pods_in(m, used) == {"stays", "ends"})
             k.remove(pods["ends"])
-            m = await scrape_when(port, lambda m: pods_in(m, used) == {"stays"}, timeout=8)
+            m = await scrape_when(port, lambda m: pods_in(m, used) == {"stays"}, timeout=20)
             for name in (
                 "tessera_container_gpu_memory_limit_bytes",
                 "tessera_container_gpu_compute_share_percent",

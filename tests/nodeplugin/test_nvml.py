@@ -51,6 +51,7 @@ def test_discovery_reads_every_field(tmp_path: Path) -> None:
         "memory_mib": 81559,
         "minor": 2,
         "numa_node": 1,
+        "pci_bus_id": "00000000:07:00.0",
     }
     # a lost card at start cannot be read: it is left out (and logged), not guessed
     assert len(found) == 1
@@ -58,6 +59,7 @@ def test_discovery_reads_every_field(tmp_path: Path) -> None:
     gpu.recover(cards[1].uuid)
     found, _ = (json.loads(line) for line in _run(gpu, SCRIPT).stdout.splitlines())
     assert found[1]["numa_node"] is None and found[1]["minor"] == 5  # NVML could not tell
+    assert found[1]["pci_bus_id"] == "00000000:3b:00.0"
 
 
 def test_plugin_exits_clearly_without_a_driver(tmp_path: Path) -> None:

@@ -9,10 +9,13 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from e2e.ports import free_port
+from nodeplugin.app import STOPPING, UNREGISTERED
 from nodeplugin.pb import dp
 from tests.nodeplugin.conftest import eventually, fake_node, run
 from tests.nodeplugin.harness.kubelet import Container, Pod
@@ -22,7 +25,6 @@ from tests.nodeplugin.helpers import (
     cdi_name,
     cdi_spec,
     expected_env,
-    free_port,
     region_bytes,
     scrape_when,
     spec_env,
@@ -36,7 +38,10 @@ def test_registers_serves_and_reports_inventory(short_tmp: Path) -> None:
             k = node.kubelet
             ((_, req),) = k.registrations
             assert req.version == "v1beta1"
-            assert req.endpoint == "tessera-gpu.sock"
+            # A socket of this process's own, under the plugin's well-known name too.
+            assert req.endpoint.startswith(".tessera-gpu.sock.")
+            public, private = k.plugin_dir / "tessera-gpu.sock", k.plugin_dir / req.endpoint
+            assert public.stat().st_ino == private.stat().st_ino
             assert req.resource_name == "nvidia.com/gpu"
             assert req.options.pre_start_required and req.options.get_preferred_allocation_available
             assert k.options is not None and k.options.pre_start_required
@@ -858,3 +863,107 @@ def test_gpu_containers_start_from_the_signed_annotation_while_the_control_plane
         run(main)
     finally:
         api.stop()
+
+
+def _cards_reported(plane: Any, since: int = 0) -> list[set[tuple[bool, str]]]:
+    """Each inventory report from `since` on, as the set of (healthy, reason) of its cards."""
+    return [{(c["healthy"], c["health_reason"]) for c in body["cards"]} for _, _, body in
+            plane.reports[since:]]  # fmt: skip
+
+
+def test_a_successor_started_while_the_plugin_serves_takes_the_cards_over(short_tmp: Path) -> None:
+    """The DaemonSet's next pod starts while this one still serves (a rolling update, or the
+    replacement of a deleted pod that is still terminating): the kubelet must end up allocating
+    through the successor, every device healthy, whichever of the two it heard from last."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            k, plane = node.kubelet, node.plane
+            first = node.plugin
+            node.plugin = PluginProcess(short_tmp, node.gpu, k, plane, log_name="successor.log")
+            await eventually(lambda: len(k.endpoints) == 2 and k.streams() == 2, timeout=10,
+                             what="the successor registered beside the first")  # fmt: skip
+            assert k.refused == [], k.refused
+            registered = len(k.updates)
+            reports = len(plane.reports)
+            assert first.stop() == 0
+            await eventually(lambda: len(k.endpoints) == 1, what="the first plugin's endpoint gone")
+            assert k.streams() == 1 and k.primary is not None
+            await asyncio.sleep(0.3)
+            assert set(k.health.values()) == {"Healthy"}, k.health
+            assert all(set(snap.values()) == {"Healthy"} for _, snap in k.updates[registered:])
+            # The first plugin left the cards to its successor without saying they stopped.
+            assert not any((False, STOPPING) in r for r in _cards_reported(plane, reports))
+            pod, _ = bind_pod(plane, "after-handover", [("app", False, [(node.uuids[1], 900, 10)])])
+            await k.admit(pod)
+            await k.start_container(pod, "app")
+            env = spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(pod, "app")))
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "900"
+
+    run(main)
+
+
+def test_the_kubelet_dropping_the_stream_gets_a_registration_and_the_cards_wait(
+    short_tmp: Path,
+) -> None:
+    """When the kubelet lets the plugin's connection go while the plugin runs, the cards are
+    reported unavailable (nothing new is placed on them) and the plugin registers again."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            k, plane = node.kubelet, node.plane
+            await eventually(lambda: bool(plane.reports), what="a first report")
+            assert _cards_reported(plane)[0] == {(True, "")}
+            reports = len(plane.reports)
+            await k.drop_connection()
+            await eventually(lambda: set(k.health.values()) == {"Unhealthy"},
+                             what="the kubelet marking the devices unhealthy")  # fmt: skip
+            await eventually(lambda: {(False, UNREGISTERED)} in _cards_reported(plane, reports),
+                             what="the cards reported unavailable")  # fmt: skip
+            await eventually(lambda: set(k.health.values()) == {"Healthy"}, timeout=10,
+                             what="a new registration")  # fmt: skip
+            assert len(k.registrations) == 2
+            await eventually(lambda: _cards_reported(plane)[-1] == {(True, "")},
+                             what="the cards reported available again")  # fmt: skip
+            assert "registering again" in node.plugin.text()
+
+    run(main)
+
+
+def test_a_plugin_that_stops_with_no_successor_says_its_cards_take_nothing_new(
+    short_tmp: Path,
+) -> None:
+    """First the control plane hears the cards take no new pods, then the kubelet keeps the
+    plugin's stream for the drain, so a pod bound just before is still admitted."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp, TESSERA_STOP_DRAIN_S="0.5") as node:
+            k, plane = node.kubelet, node.plane
+            await eventually(lambda: bool(plane.reports), what="a first report")
+            reports, updates = len(plane.reports), len(k.updates)
+            assert await asyncio.to_thread(node.plugin.stop) == 0
+            assert _cards_reported(plane, reports)[-1] == {(False, STOPPING)}
+            told = plane.reports[-1][0]
+            gone = await k.wait_update(lambda h: set(h.values()) == {"Unhealthy"}, since=updates)
+            assert gone - told >= 0.45, f"the stream ended {gone - told:.2f}s after the report"
+
+    run(main)
+
+
+def test_a_heartbeat_in_flight_at_sigterm_does_not_land_after_the_last_report(
+    short_tmp: Path,
+) -> None:
+    """A heartbeat the control plane is still handling when the plugin is told to stop must not
+    be recorded after the plugin's last report: the ledger would say the cards are free again."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp, TESSERA_STOP_DRAIN_S="0.1") as node:
+            plane = node.plane
+            await eventually(lambda: bool(plane.reports), what="a first report")
+            plane.healthy_report_delay = 0.5
+            plane.healthy_report_arrived.clear()
+            assert await asyncio.to_thread(plane.healthy_report_arrived.wait, 5)  # in flight
+            assert await asyncio.to_thread(node.plugin.stop) == 0
+            assert _cards_reported(plane)[-1] == {(False, STOPPING)}
+
+    run(main)

@@ -16,13 +16,14 @@ from django.test import Client
 from controlplane.access.roles import Role
 from controlplane.access.services import create_token
 from controlplane.ledger.models import Card, PodBinding
-from tests.extender.builders import bind_args, gpu_pod
+from tests.extender.builders import bind_args
 from tests.extender.conftest import FakeKube, fake_kube  # noqa: F401 - fixture
 from tests.nodeplugin.conftest import eventually, fake_node, run
 from tests.nodeplugin.harness.gpu import cards as gpu_cards
 from tests.nodeplugin.harness.kubelet import Container, Pod
 from tests.nodeplugin.harness.plugin import NODE
 from tests.nodeplugin.helpers import cdi_name, cdi_spec, spec_env, spec_nodes
+from tests.pods import gpu_pod
 
 
 def _bind(pod: dict[str, Any]) -> dict[str, Any]:

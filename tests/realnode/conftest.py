@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from e2e import objects
-from e2e.cluster import HarnessError, Options, build_binaries, run_folder
+from e2e.cluster import Options
+from e2e.harness import HarnessError, build_binaries, run_folder
 from e2e.node import NODE_NAME, RealNodeCluster
 from tests.deploy.chart import CHART, run_helm
 from tests.nodeplugin.harness.gpu import FakeCard, build_fake_nvml
@@ -229,13 +230,17 @@ def plugin_serving(core: Any) -> bool:
     return bool((node.status.allocatable or {}).get("nvidia.com/gpu") == str(len(CARDS) * SLOTS))
 
 
-def tessera_cards(tessera: objects.Tessera) -> list[str]:
-    """The node's cards in the control plane's ledger, through its REST API."""
+def node_cards(tessera: objects.Tessera) -> list[dict[str, Any]]:
+    """The node's cards as the control plane's ledger has them, through its REST API."""
     answer = tessera.get("/api/v1/cards/", params={"node": NODE_NAME, "present": "true"})
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    rows = body["results"] if isinstance(body, dict) else body
-    return [row["uuid"] for row in rows]
+    return list(body["results"] if isinstance(body, dict) else body)
+
+
+def tessera_cards(tessera: objects.Tessera) -> list[str]:
+    """The UUIDs of the node's cards in the control plane's ledger."""
+    return [row["uuid"] for row in node_cards(tessera)]
 
 
 @pytest.fixture

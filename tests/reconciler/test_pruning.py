@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -15,7 +16,7 @@ from django.contrib.sessions.models import Session
 from django.core.management import call_command
 from django.utils import timezone
 
-from controlplane.kube.sources import PodEvent, PodView
+from controlplane.kube.sources import PodEvent, PodView, TemporaryError
 from controlplane.ledger.models import Card, SchedulingDecision
 from controlplane.ledger.services import nodes
 from controlplane.reconciler import tasks
@@ -152,3 +153,47 @@ def test_the_reconcile_command_prunes_once_when_asked() -> None:
     call_command("reconcile", "--prune", stdout=out)
     assert not Card.objects.filter(uuid="GPU-n1-1").exists()
     assert "prune: 1 card(s), 0 decision(s)" in out.getvalue()
+
+
+def test_a_temporary_error_is_retried_with_jittered_backoff_and_a_bug_is_not(
+    settings, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery retries the reconcile pass that met the API server or Redis away, after a
+    countdown within the backoff's bound (uniform in [0, 2**retries] s); anything else fails at
+    once. The lock is let go either way, so the retry can take it."""
+    from types import SimpleNamespace
+
+    settings.REDIS_URL = redis_server.url
+    countdowns: list[tuple[int, float]] = []
+    real_retry = tasks.reconcile.retry
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        countdowns.append((tasks.reconcile.request.retries, kwargs["countdown"]))
+        return real_retry(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.reconcile, "retry", spy)
+    monkeypatch.setattr(tasks.adapter, "cluster_source", lambda: None)
+    calls: list[int] = []
+
+    def away_twice(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) % 3:
+            raise TemporaryError("the API server is away")
+        return SimpleNamespace(pk=len(calls), mode="full", drift={})
+
+    monkeypatch.setattr(tasks, "run_reconcile", away_twice)
+    for _ in range(10):
+        result = tasks.reconcile.apply()  # eager: Celery runs each retry at once
+        assert result.state == "SUCCESS", result.result
+    assert [r for r, _ in countdowns] == [0, 1] * 10
+    assert all(0 <= c <= 2**r for r, c in countdowns), countdowns
+    assert len({round(c, 6) for _, c in countdowns}) > 2  # jittered, not one fixed delay
+    assert not redis.Redis.from_url(redis_server.url).exists(tasks.LOCK_KEY)
+
+    def bug(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(tasks, "run_reconcile", bug)
+    failed = tasks.reconcile.apply()
+    assert failed.state == "FAILURE" and isinstance(failed.result, ValueError)
+    assert len(countdowns) == 20  # not retried

@@ -15,7 +15,8 @@ from controlplane.ledger.models import AuditEvent, Node, PodBinding, Slice
 from controlplane.ledger.services import bindings, nodes
 from controlplane.reconciler import services
 from controlplane.scheduling import parse_pod
-from tests.builders import gpu_container, make_node, pod_json
+from tests.builders import make_node
+from tests.pods import gpu_container, pod_json
 
 pytestmark = pytest.mark.django_db
 

@@ -28,7 +28,8 @@ from controlplane.ledger.services import bindings, nodes
 from controlplane.reconciler.models import ReconcileRun
 from controlplane.reconciler.tasks import LOCK_KEY
 from controlplane.scheduling import parse_pod
-from tests.builders import card_report, gpu_container, make_node, pod_json
+from tests.builders import card_report, make_node
+from tests.pods import gpu_container, pod_json
 from tests.workers import RedisServer, celery_args, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.scheduling import CardState, ContainerRequest, NodeState, PodRequest
+from tests import pods
 
 A100 = "NVIDIA A100-SXM4-80GB"
 A100_MIB = 81920
@@ -75,38 +76,11 @@ def pod(*containers: ContainerRequest, **kw: Any) -> PodRequest:
     )
 
 
-def k8s_container(
-    name: str = "main",
-    limits: dict[str, Any] | None = None,
-    requests: dict[str, Any] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """A container of Kubernetes Pod JSON."""
-    resources: dict[str, Any] = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "image": "busybox", "resources": resources, **extra}
-
-
 def pod_json(
     *containers: dict[str, Any],
     init: tuple[dict[str, Any], ...] = (),
     annotations: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Kubernetes Pod JSON with the given containers, init containers and annotations."""
-    spec: dict[str, Any] = {"containers": list(containers)}
-    if init:
-        spec["initContainers"] = list(init)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "trainer",
-            "namespace": "ml",
-            "uid": "4f1c",
-            "annotations": annotations or {},
-        },
-        "spec": spec,
-    }
+    """Kubernetes Pod JSON of the pod ml/trainer with these containers, init containers and
+    annotations."""
+    return pods.pod_json("trainer", "ml", "4f1c", list(containers), annotations, list(init))

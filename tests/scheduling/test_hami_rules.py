@@ -20,7 +20,8 @@ from controlplane.scheduling import (
     prioritize,
     score_node,
 )
-from tests.scheduling.builders import card, container, k8s_container, node, pod, pod_json
+from tests.pods import container as k8s_container
+from tests.scheduling.builders import card, container, node, pod, pod_json
 from tests.scheduling.test_fit import placed, refused
 
 L4_MIB = 24576

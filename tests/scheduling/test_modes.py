@@ -29,7 +29,8 @@ from controlplane.scheduling import (
     place_on_node,
 )
 from controlplane.scheduling.state import CARD_MODES
-from tests.scheduling.builders import card, container, k8s_container, node, pod, pod_json
+from tests.pods import container as k8s_container
+from tests.scheduling.builders import card, container, node, pod, pod_json
 
 PROFILE = settings(
     max_examples=200,

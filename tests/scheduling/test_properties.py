@@ -1,7 +1,7 @@
 """Property tests: random clusters and requests against the documented rules.
 
 The reference model below re-states docs/scheduling.md in the plainest code possible (one
-card, one slice, one check at a time) so that the fast paths in fit.py are checked against
+card, one slice, one check at a time) so that the fast paths in fastcheck.py are checked against
 the rules, not against themselves.
 """
 
@@ -34,8 +34,9 @@ from controlplane.scheduling import (
     usage_of,
 )
 from controlplane.scheduling import fit as fit_module
-from controlplane.scheduling.state import MEMO_KEYS, RANK_KEYS, STALE_NAMES
-from tests.scheduling.builders import card, k8s_container, pod_json
+from controlplane.scheduling.memo import MEMO_KEYS, RANK_KEYS, STALE_NAMES
+from tests.pods import container as k8s_container
+from tests.scheduling.builders import card, pod_json
 from tests.scheduling.builders import node as build_node
 
 PROFILE = settings(

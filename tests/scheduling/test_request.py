@@ -14,7 +14,8 @@ from controlplane.scheduling import (
     SchedulingConfig,
     parse_pod,
 )
-from tests.scheduling.builders import container, k8s_container, pod, pod_json
+from tests.pods import container as k8s_container
+from tests.scheduling.builders import container, pod, pod_json
 
 GPU = "nvidia.com/gpu"
 MEM = "nvidia.com/gpumem"

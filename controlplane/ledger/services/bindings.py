@@ -52,9 +52,10 @@ class Reservation:
     """What `bind_pod` holds for a pod: its binding row, its phase and the core's assignments.
 
     `repeat` is True when the pod already held this binding (a retried bind): nothing was
-    written, and a binding past `reserved` needs no second Binding through the API server.
-    `card_indexes` gives each assigned card's index on the node (the order the container sees
-    its cards in).
+    written. `send_binding` says whether the Binding is still to go through the API server:
+    always for a new reservation, for a repeat only while it is `reserved` (one past it was
+    accepted already and needs no second Binding). `card_indexes` gives each assigned card's
+    index on the node (the order the container sees its cards in).
     """
 
     binding_id: int
@@ -66,6 +67,7 @@ class Reservation:
     assignments: tuple[Assignment, ...]
     card_indexes: Mapping[str, int]
     repeat: bool
+    send_binding: bool
 
     def claims(self) -> dict[str, CardClaim]:
         """The room the pod takes on each card (init containers at their peak)."""
@@ -73,10 +75,13 @@ class Reservation:
 
     def containers(self) -> list[allocation.ContainerAllocation]:
         """Per container, the slices it holds."""
+        indexes = self.card_indexes
         rows = (
-            (a.container_name, a.container_index, a.init, a.card_uuid,
-             self.card_indexes[a.card_uuid], a.memory_mib, a.cores, a.sidecar, a.priority,
-             a.mode, a.mig_profile, a.mig_start, a.mig_size)
+            allocation.SliceRow(
+                a.container_name, a.container_index, a.init, a.card_uuid, indexes[a.card_uuid],
+                a.memory_mib, a.cores, a.sidecar, a.priority, a.mode, a.mig_profile, a.mig_start,
+                a.mig_size,
+            )
             for a in self.assignments
         )  # fmt: skip
         return allocation.containers_of(rows)
@@ -86,6 +91,16 @@ class Reservation:
         return allocation.allocation_record(
             self.pod_uid, self.namespace, self.name, self.node, self.containers()
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BindingPhase:
+    """A binding after a node plugin's report: whose it is and the phase it is in."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    phase: str
 
 
 def bind_pod(request: PodRequest, node_name: str) -> Reservation:
@@ -209,14 +224,23 @@ def bind_pod(request: PodRequest, node_name: str) -> Reservation:
         assignments=tuple(placed),
         card_indexes={c.uuid: c.index for c in state.cards},
         repeat=False,
+        send_binding=True,
     )
+
+
+def held_reservation(pod_uid: str, node_name: str) -> Reservation | None:
+    """The active binding the pod holds on this node, read back as a repeat (its `send_binding`
+    says whether the Binding is still to go); None when it holds none; AlreadyPlaced when it is
+    held on another node. Writes nothing: for a bind whose pod the API server no longer has."""
+    existing = PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
+    if existing is None or not existing.active:
+        return None
+    return _repeat(existing, node_name)
 
 
 def _placed_elsewhere(pod_uid: str, node_name: str) -> None:
     """For a bind to a node the ledger lacks: a pod already placed elsewhere says more."""
-    existing = PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
-    if existing is not None and existing.active:
-        _repeat(existing, node_name)
+    held_reservation(pod_uid, node_name)
 
 
 def _repeat(binding: PodBinding, node_name: str) -> Reservation:
@@ -228,11 +252,12 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
             f"{binding.phase} on node {where or '(none)'}, not {node_name}",
             field="pod_uid",
         )
-    rows = list(
-        Slice.objects.filter(binding_id=binding.pk, active=True)
+    rows = [
+        allocation.SliceRow._make(row)
+        for row in Slice.objects.filter(binding_id=binding.pk, active=True)
         .order_by("init_container", "container_index", "id")
         .values_list(*allocation.SLICE_COLUMNS)
-    )
+    ]
     return Reservation(
         binding_id=binding.pk,
         pod_uid=binding.pod_uid,
@@ -241,26 +266,29 @@ def _repeat(binding: PodBinding, node_name: str) -> Reservation:
         node=where,
         phase=str(binding.phase),
         assignments=tuple(_assignment(row) for row in rows),
-        card_indexes={row[3]: row[4] for row in rows},
+        card_indexes={row.card_uuid: row.card_index for row in rows},
         repeat=True,
+        send_binding=binding.phase == Phase.RESERVED,
     )
 
 
 def _assignment(row: allocation.SliceRow) -> Assignment:
-    """An assignment read back from its slice row (`allocation.SLICE_COLUMNS`)."""
-    name, index, init, uuid, _, memory, cores, sidecar, priority, mode, mig, start, size = row
-    placement = (mig, start or 0, size or 0)
-    return Assignment(name, index, init, uuid, memory, cores, sidecar, priority, mode, *placement)
+    """An assignment read back from its slice row."""
+    return Assignment(
+        row.container_name, row.container_index, row.init, row.card_uuid, row.memory_mib,
+        row.cores, row.sidecar, row.priority, row.mode, row.mig_profile, row.mig_start or 0,
+        row.mig_size or 0,
+    )  # fmt: skip
 
 
 def _slice_rows(
     assignments: Iterable[Assignment], card_ids: Mapping[str, int]
-) -> list[tuple[Any, ...]]:
-    # sql.SLICE_VALUES, in order; a slice that is no MIG instance leaves the placement NULL
+) -> list[sql.NewSlice]:
+    # a slice that is no MIG instance leaves the placement NULL
     return [
-        (card_ids[a.card_uuid], a.container_name, a.container_index, a.init, a.memory_mib,
-         a.cores, a.sidecar, a.priority, a.mig_profile,
-         a.mig_start if a.mig_size else None, a.mig_size or None)
+        sql.NewSlice(card_ids[a.card_uuid], a.container_name, a.container_index, a.init,
+                     a.memory_mib, a.cores, a.sidecar, a.priority, a.mig_profile,
+                     a.mig_start if a.mig_size else None, a.mig_size or None)
         for a in assignments
     ]  # fmt: skip
 
@@ -381,7 +409,7 @@ def release_bindings(
 @transaction.atomic(durable=True)
 def mark_allocated(
     pod_uid: str, container_name: str, devices: Sequence[str], actor: str, node: str | None
-) -> PodBinding:
+) -> BindingPhase:
     """A node plugin reports that a container really got `devices`: the binding becomes
     `allocated`. `node` (for node identities) must be the binding's node. Repeating it with the
     same devices changes nothing; different devices are a Conflict and change nothing."""
@@ -430,7 +458,7 @@ def mark_allocated(
         record_event(
             actor, "allocated", "binding", pod_uid, container=container_name, devices=ledger
         )
-    return binding
+    return BindingPhase(binding.pod_uid, binding.namespace, binding.name, str(binding.phase))
 
 
 # --- adopting what the ledger lacks -------------------------------------------------------------

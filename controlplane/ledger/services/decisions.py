@@ -1,8 +1,8 @@
 """The scheduling decision log: each pod's latest filter outcome, the answer to "why pending?".
 
 Diagnostics, not allocation state: the extender writes it off the filter's path in batches
-(`controlplane.extender.decisions`), commits it without waiting for the WAL flush, and may lose
-its last moments to a crash (the next filter writes them again). Nothing that decides an
+(`controlplane.extender.decision_writer`), commits it without waiting for the WAL flush, and may
+lose its last moments to a crash (the next filter writes them again). Nothing that decides an
 allocation is read from it.
 
 Bounded: an entry lives until its pod is bound or gone, or for DECISION_RETENTION_S at most

@@ -12,6 +12,7 @@ committed its slices before the change counts them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -23,6 +24,16 @@ from controlplane.ledger.services.mode_rules import MODES, SYSTEM, Mode, mig_geo
 from controlplane.ledger.services.nodes import lock_card
 
 MAX_REASON = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CardMode:
+    """A card's mode after `set_card_mode`; `pending_mode` is the one it drains for (blank when
+    none)."""
+
+    uuid: str
+    mode: str
+    pending_mode: str
 
 
 def _check_mode(mode: object) -> str:
@@ -56,7 +67,7 @@ def active_slices(card_id: int) -> int:
 
 
 @transaction.atomic(durable=True)
-def set_card_mode(uuid: str, mode: str, actor: str, reason: str = "") -> Card:
+def set_card_mode(uuid: str, mode: str, actor: str, reason: str = "") -> CardMode:
     """An operator sets a card's mode: at once when nothing is on the card, else when its last
     slice ends (draining meanwhile). Asking for the mode the card is in cancels a pending change.
 
@@ -75,7 +86,7 @@ def set_card_mode(uuid: str, mode: str, actor: str, reason: str = "") -> Card:
                 actor, "card-mode-cancelled", "card", uuid, node=node, mode=card.mode,
                 cancelled=pending, reason=reason,
             )  # fmt: skip
-        return card
+        return CardMode(card.uuid, card.mode, card.pending_mode)
     _check_can_take(card, mode)
     held = active_slices(card.pk)
     if held == 0:
@@ -93,7 +104,7 @@ def set_card_mode(uuid: str, mode: str, actor: str, reason: str = "") -> Card:
             actor, "card-mode-requested", "card", uuid, node=node, reason=reason, slices=held,
             **{"from": card.mode, "to": mode},
         )  # fmt: skip
-    return card
+    return CardMode(card.uuid, card.mode, card.pending_mode)
 
 
 # --- the drain ends ------------------------------------------------------------------------------

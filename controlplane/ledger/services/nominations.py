@@ -4,6 +4,9 @@ Written under the node's row lock (the lock bind takes), so a bind in flight eit
 before the hold or sees it. While a nomination lasts, filter and bind count its room as taken
 for every pod but its own; it ends when its pod binds (bind deletes it) or at its deadline.
 Each write moves the node's change stamp, so the extender's snapshot cache re-reads the node.
+
+Part of preemption: the ledger's reads for it are `controlplane.ledger.preemption`, the map of
+every piece is `controlplane.extender.preemption`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,17 @@ class QuotaLimitsInput:
     gpus: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaRecord:
+    """A namespace's quota as `set_quota` wrote it; None = unlimited."""
+
+    namespace: str
+    gpumem_mib: int | None
+    gpucores: int | None
+    gpus: int | None
+    updated_by: str
+
+
 def _check_limits(limits: QuotaLimitsInput) -> None:
     for name, ceiling in MAX_QUOTA.items():
         value = getattr(limits, name)
@@ -57,7 +68,7 @@ def _limits_of(quota: NamespaceQuota) -> dict[str, int | None]:
 
 def set_quota(
     namespace: str, limits: QuotaLimitsInput, actor: str, *, create_only: bool = False
-) -> tuple[NamespaceQuota, bool]:
+) -> tuple[QuotaRecord, bool]:
     """Create or replace a namespace's quota; returns (quota, created). Audited as `quota-set`.
 
     Lowering a limit below what the namespace holds now is allowed: running pods keep their
@@ -79,7 +90,7 @@ def set_quota(
 
 def _set_quota(
     namespace: str, limits: QuotaLimitsInput, actor: str, create_only: bool
-) -> tuple[NamespaceQuota, bool]:
+) -> tuple[QuotaRecord, bool]:
     quota = NamespaceQuota.objects.select_for_update().filter(namespace=namespace).first()
     if quota is not None and create_only:
         raise Conflict(
@@ -95,7 +106,8 @@ def _set_quota(
     quota.updated_by = actor[:150]
     quota.save()
     record_event(actor, "quota-set", "quota", namespace, before=before, after=_limits_of(quota))
-    return quota, created
+    written = QuotaRecord(namespace, quota.gpumem_mib, quota.gpucores, quota.gpus, quota.updated_by)
+    return written, created
 
 
 @transaction.atomic(durable=True)

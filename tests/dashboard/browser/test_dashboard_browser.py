@@ -18,7 +18,8 @@ from controlplane.ledger.services.cordons import set_card_cordon
 from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
 from controlplane.ledger.services.quotas import QuotaLimitsInput, set_quota
 from tests.builders import card_report
-from tests.dashboard.builders import PASSWORD, decision, gpu_container, make_node, person, pod
+from tests.dashboard.builders import PASSWORD, decision, make_node, person, pod
+from tests.pods import gpu_container
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -109,6 +109,10 @@ class FakeControlPlane:
         self.status_override: int | None = None  # e.g. 503: the control plane is "down"
         self.modes: dict[str, str] | None = None  # the answer's "modes"; None: no such key
         self.takes_usage = True  # False: refuse a report with `usage`, as an older one does
+        # Seconds a report whose cards are all healthy takes to be handled (a slow heartbeat);
+        # `healthy_report_arrived` is set when one arrives.
+        self.healthy_report_delay = 0.0
+        self.healthy_report_arrived = threading.Event()
         self.lock = threading.Lock()
         self.connections: set[socket.socket] = set()
         self.host = host
@@ -197,6 +201,9 @@ class FakeControlPlane:
                     ):
                         self._send(400, {"error": f"not the DESIGN §7 shape: {body!r}"})
                         return
+                    if all(c["healthy"] for c in body["cards"]):
+                        plane.healthy_report_arrived.set()
+                        time.sleep(plane.healthy_report_delay)
                     with plane.lock:
                         first = not any(r[1] == name for r in plane.reports)
                         plane.reports.append((time.monotonic(), name, body))

@@ -7,6 +7,14 @@ reusable by the next containers; GetPreferredAllocation when there is a choice; 
 container, answer cached); list active pods through PodResources (regular containers only, one
 device ID per entry); call PreStartContainer with a container's IDs on every start; on restart
 delete every socket in the plugin directory and serve ``kubelet.sock`` anew.
+
+Connections are kept as the device manager of the pinned kubelet keeps them (v1.37
+``devicemanager/plugin/v1beta1`` and ``manager.go``): by the socket path a plugin registered.
+A Register for a path that already holds a connection fails ("device plugin already connected")
+and drops the clients at that path, so that connection is never disconnected (its endpoint stays,
+stale); a ListAndWatch stream that ends disconnects the path's client; the last connection of the
+resource to go marks every device unhealthy, while one that goes beside another hands the resource
+to the other, devices as that one last reported them.
 """
 
 from __future__ import annotations
@@ -39,6 +47,16 @@ class Container:
 
 
 @dataclass
+class Endpoint:
+    path: str
+    channel: grpc.aio.Channel
+    client: DevicePluginClient
+    options: dp.DevicePluginOptions
+    stream: asyncio.Task[None] | None = None
+    dropped: bool = False  # the kubelet closed the connection itself
+
+
+@dataclass
 class Pod:
     namespace: str
     name: str
@@ -60,7 +78,7 @@ class FakeKubelet:
         self.podres_socket = root / "pod-resources" / "kubelet.sock"
         self.podres_socket.parent.mkdir(parents=True, exist_ok=True)
         self.registrations: list[tuple[float, dp.RegisterRequest]] = []
-        self.options: dp.DevicePluginOptions | None = None
+        self.refused: list[tuple[str, str]] = []  # (endpoint, why) of registrations that failed
         self.health: dict[str, str] = {}
         self.topology: dict[str, list[int]] = {}
         self.updates: list[tuple[float, dict[str, str]]] = []
@@ -69,9 +87,11 @@ class FakeKubelet:
         self.honor_preferred = True
         self.list_calls = 0
         self.podres_exhausted = 0  # answer the next N List calls with RESOURCE_EXHAUSTED
-        self._channel: grpc.aio.Channel | None = None
-        self.client: DevicePluginClient | None = None
-        self._watch: asyncio.Task[None] | None = None
+        # the device manager's endpoint store (path -> connection) and the registration
+        # server's client list (paths, one entry per client), which runs the streams
+        self.endpoints: dict[str, Endpoint] = {}
+        self.primary: Endpoint | None = None
+        self._clients: list[str] = []
         self._reg_server: grpc.aio.Server | None = None
         self._podres_server: grpc.aio.Server | None = None
 
@@ -95,13 +115,27 @@ class FakeKubelet:
         self._reg_server.add_insecure_port(unix_target(str(sock)))
         await self._reg_server.start()
 
+    @property
+    def client(self) -> DevicePluginClient | None:
+        return self.primary.client if self.primary is not None else None
+
+    @property
+    def options(self) -> dp.DevicePluginOptions | None:
+        return self.primary.options if self.primary is not None else None
+
+    async def _forget_connections(self) -> None:
+        for ep in list(self.endpoints.values()):
+            if ep.stream is not None:
+                ep.stream.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ep.stream
+            await ep.channel.close()
+        self.endpoints.clear()
+        self._clients.clear()
+        self.primary = None
+
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
-        if self._channel is not None:
-            await self._channel.close()
+        await self._forget_connections()
         for server in (self._reg_server, self._podres_server):
             if server is not None:
                 await server.stop(0)
@@ -112,8 +146,9 @@ class FakeKubelet:
             await self._reg_server.stop(0)
         for sock in self.plugin_dir.glob("*.sock"):
             sock.unlink()
-        if self._watch is not None:
-            self._watch.cancel()
+        for hidden in self.plugin_dir.glob(".*.sock*"):  # CleanupPluginDirectory: every file
+            hidden.unlink()
+        await self._forget_connections()
         await asyncio.sleep(0.05)
         await self._serve_registration()
 
@@ -121,27 +156,81 @@ class FakeKubelet:
         self.registrations.append((time.monotonic(), request))
         if request.version != "v1beta1" or "/" not in request.resource_name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad registration")
+        path = request.endpoint
+        self._clients.append(path)
         # The kubelet dials back during Register and asks for the options.
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = grpc.aio.insecure_channel(
-            unix_target(str(self.plugin_dir / request.endpoint))
-        )
-        self.client = DevicePluginClient(self._channel)
-        self.options = await self.client.GetDevicePluginOptions(dp.Empty(), timeout=10)
-        if self._watch is not None:
-            self._watch.cancel()
-        self._watch = asyncio.create_task(self._list_and_watch(self.client))
+        channel = grpc.aio.insecure_channel(unix_target(str(self.plugin_dir / path)))
+        client = DevicePluginClient(channel)
+        try:
+            options = await client.GetDevicePluginOptions(dp.Empty(), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            self._clients = [c for c in self._clients if c != path]
+            await channel.close()
+            self.refused.append((path, "cannot dial back"))
+            await context.abort(grpc.StatusCode.UNKNOWN, f"cannot dial back: {exc.details()}")
+        if path in self.endpoints:
+            # PluginConnected refuses; connectClient then deregisters by path, taking the
+            # connected client's entry along, so that one's end never disconnects its endpoint.
+            self._clients = [c for c in self._clients if c != path]
+            await channel.close()
+            self.refused.append((path, "device plugin already connected"))
+            await context.abort(grpc.StatusCode.UNKNOWN, f"device plugin already connected: {path}")
+        ep = Endpoint(path, channel, client, options)
+        self.endpoints[path] = ep
+        self.primary = ep
+        ep.stream = asyncio.create_task(self._run(ep))
         return dp.Empty()
 
-    async def _list_and_watch(self, client: DevicePluginClient) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            async for resp in client.ListAndWatch(dp.Empty()):
-                self.health = {d.ID: d.health for d in resp.devices}
-                self.topology = {d.ID: [n.ID for n in d.topology.nodes] for d in resp.devices}
-                self.updates.append((time.monotonic(), dict(self.health)))
-                self._update.set()
-                self._update = asyncio.Event()
+    async def _run(self, ep: Endpoint) -> None:
+        try:
+            async for resp in ep.client.ListAndWatch(dp.Empty()):
+                self._devices(resp)
+        except grpc.aio.AioRpcError:
+            pass
+        except asyncio.CancelledError:
+            if not ep.dropped:  # stop() or restart(), not the end of the stream
+                raise
+        # runClient: the client registered at this path, if any, is disconnected.
+        if ep.path not in self._clients:
+            return
+        self._clients = [c for c in self._clients if c != ep.path]
+        if not ep.dropped:
+            await ep.channel.close()
+        self._disconnected(ep.path)
+
+    def _devices(self, resp: dp.ListAndWatchResponse) -> None:
+        self._set_health(
+            {d.ID: d.health for d in resp.devices},
+            {d.ID: [n.ID for n in d.topology.nodes] for d in resp.devices},
+        )
+
+    def _set_health(self, health: dict[str, str], topology: dict[str, list[int]]) -> None:
+        self.health, self.topology = health, topology
+        self.updates.append((time.monotonic(), dict(self.health)))
+        self._update.set()
+        self._update = asyncio.Event()
+
+    def _disconnected(self, path: str) -> None:
+        """PluginDisconnected: the last connection marks every device unhealthy; otherwise
+        another connection becomes the one the kubelet allocates through."""
+        if path not in self.endpoints:
+            return
+        del self.endpoints[path]
+        if self.endpoints:
+            self.primary = next(iter(self.endpoints.values()))
+        else:
+            self._set_health({i: "Unhealthy" for i in self.health}, self.topology)
+
+    async def drop_connection(self) -> None:
+        """The kubelet closes its connection to the plugin it allocates through (as when
+        another client at the same path was disconnected in its place)."""
+        assert self.primary is not None
+        self.primary.dropped = True
+        await self.primary.channel.close()
+
+    def streams(self) -> int:
+        """ListAndWatch streams running now."""
+        return sum(1 for ep in self.endpoints.values() if ep.stream and not ep.stream.done())
 
     async def wait_update(self, pred: Any, timeout: float = 5.0, since: int = 0) -> float:
         """Wait until ``pred(health map)`` holds for an update numbered ``since`` or later;
@@ -160,7 +249,7 @@ class FakeKubelet:
 
     async def wait_registered(self, count: int = 1, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        while len(self.registrations) < count or not self.health:
+        while len(self.registrations) < count or not self.health or not self.streams():
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{len(self.registrations)} registration(s), {len(self.health)} devices"

@@ -37,10 +37,11 @@ class PluginProcess:
         gpu: GpuNode,
         kubelet: FakeKubelet,
         plane: FakeControlPlane,
+        log_name: str = "plugin.log",
         **extra: str,
     ) -> None:
         self.root = root
-        self.log_path = root / "plugin.log"
+        self.log_path = root / log_name
         (root / "token").write_text(TOKEN + "\n")
         plane.add_token(TOKEN, NODE)
         self.cdi_dir = root / "cdi"
@@ -64,6 +65,7 @@ class PluginProcess:
             "TESSERA_HEALTH_PROBE_S": "0.1",
             "TESSERA_HEALTH_RECOVERY_S": "0.5",
             "TESSERA_KUBELET_POLL_S": "0.05",
+            "TESSERA_STOP_DRAIN_S": "0.1",
             "TESSERA_HEARTBEAT_S": "1",
             "TESSERA_PRESTART_TIMEOUT_S": "3",
             "TESSERA_HTTP_TIMEOUT_S": "1",

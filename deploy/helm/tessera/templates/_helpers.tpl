@@ -102,6 +102,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and (not .Values.redis.enabled) (not .Values.externalRedis.url) (not .Values.externalRedis.existingSecret) -}}
 {{- fail "redis.enabled=false needs externalRedis.url (redis://:password@host:6379/0) or externalRedis.existingSecret" -}}
 {{- end -}}
+{{- if not (has .Values.mode (list "extender" "dra")) -}}
+{{- fail (printf "mode=%v is not a mode Tessera runs: use mode=extender (the scheduler extender and the device plugin) or mode=dra (Kubernetes DRA: ResourceSlices and DeviceClasses; docs/dra.md)" .Values.mode) -}}
+{{- end -}}
+{{- if and (eq .Values.mode "dra") .Values.cardModes.migResources -}}
+{{- fail "mode=dra cannot serve cardModes.migResources=true: NVIDIA's nvidia.com/mig-<profile> resources are served through the webhook and the extender, which DRA mode does not run; ask MIG devices with the DeviceClass mig.gpu.tessera.io instead (docs/dra.md)" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Environment ------------------------------------------------------------------------------ */}}

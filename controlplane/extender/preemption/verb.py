@@ -11,6 +11,8 @@ the GPU room that kube-scheduler cannot see, so the answer per node is:
 - it cannot fit however many lower-priority pods go: drop the node.
 
 A pod that asks for no GPU is not Tessera's business: every node comes back as it came.
+
+The other pieces of preemption are mapped in `controlplane.extender.preemption`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Tessera's own preemption: room for a pod that is unschedulable for want of GPU slices.
 
 kube-scheduler cannot start it (docs/preemption.md), so the extender's filter hands each GPU pod
-it found no node for to `preemptor.consider`, and one thread per process does the rest, off the
-filter's path:
+it found no node for to `preemptor.consider`, and one background worker per process
+(`controlplane.background`) does the rest, off the filter's path:
 
 1. choose, over the nodes kube-scheduler offered, the node whose victims rank best
    (`choose_victims`: fewest pods, lowest priorities, newest; within PodDisruptionBudgets);
@@ -17,12 +17,13 @@ A pod is considered again no sooner than `RETRY_S` after its last try, and never
 preemption is under way; a pod with `preemptionPolicy: Never` never preempts. Safe with several
 replicas: the nomination is one ledger row per pod, written under the node's lock, and
 evicting an already-evicted pod is a no-op.
+
+The other pieces of preemption are mapped in `controlplane.extender.preemption`.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from controlplane.background import Worker
 from controlplane.kube import adapter, events
 from controlplane.kube.base import Kube, KubeError
 from controlplane.ledger import preemption
@@ -258,19 +260,20 @@ def finish(request: PodRequest, outcome: Outcome, kube: Kube, *, sleep: Callable
 
 
 class Preemptor:
-    """One per process (`preemptor`): a queue and the thread that works it, and the pods this
-    process holds room for (so that their own filter sees that room free)."""
+    """One per process (`preemptor`): a queue and the worker that tries each pod on it, and the
+    pods this process holds room for (so that their own filter sees that room free)."""
 
     def __init__(self) -> None:
         self._held: dict[str, str] | None = None  # pod UID -> node
         self._held_at = 0.0
         self._lowest: int | None = None  # lowest priority among slice holders
         self._lowest_at = -LOWEST_TTL_S
-        self._queue: queue.Queue[tuple[PodRequest, tuple[str, ...]]] = queue.Queue(MAX_QUEUED)
+        self.worker: Worker[tuple[PodRequest, tuple[str, ...]]] = Worker(
+            "tessera-preemptor", self._try_each, max_queued=MAX_QUEUED
+        )
         self._tried: dict[str, float] = {}
         self._busy: set[str] = set()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def held_node(self, pod_uid: str) -> str | None:
         """The node where room is held for the pod: from the ledger's holds, read at most once
@@ -309,32 +312,20 @@ class Preemptor:
             self._tried[request.uid] = now
             if len(self._tried) > 4 * MAX_QUEUED:
                 self._tried = {u: t for u, t in self._tried.items() if now - t < RETRY_S}
-        try:
-            self._queue.put_nowait((request, tuple(node_names)))
-        except queue.Full:
+        if not self.worker.submit((request, tuple(node_names))):
             with self._lock:
                 self._busy.discard(request.uid)
-            return
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="tessera-preemptor", daemon=True
-                    )
-                    self._thread.start()
 
-    def _run(self) -> None:
-        while True:
-            request, names = self._queue.get()
+    def _try_each(self, batch: list[tuple[PodRequest, tuple[str, ...]]]) -> None:
+        for request, names in batch:
             try:
                 self.run_one(request, names, adapter.get_kube())
-            except Exception:  # one pod's failure must not end the thread
+            except Exception:  # one pod's failure must not keep the others from their try
                 log.exception("preemption for %s/%s failed", request.namespace, request.name)
             finally:
                 connections.close_all()
                 with self._lock:
                     self._busy.discard(request.uid)
-                self._queue.task_done()
 
     def run_one(self, request: PodRequest, names: Sequence[str], kube: Kube) -> Outcome:
         for uid in nominations.expire_nominations():

@@ -1,4 +1,5 @@
-"""The extender's three verbs, between the wire format and the ledger (DESIGN §4).
+"""The extender's verbs filter, prioritize and bind, between the wire format and the ledger
+(DESIGN §4); the fourth, preempt, is `controlplane/extender/preemption/verb.py`.
 
 - filter: every feasible node (scoring is the scheduler's job), the rest with the core's reason
   per node; permanent refusals go to FailedAndUnresolvableNodes. Reads the cached snapshot.
@@ -21,17 +22,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.extender import summary as filter_summary
-from controlplane.extender.decisions import record as record_decision
-from controlplane.extender.decisions import record_bind as record_bind_outcome
-from controlplane.extender.decisions import record_bound
-from controlplane.extender.preemptor import preemptor
+from controlplane.extender.decision_writer import record as record_decision
+from controlplane.extender.decision_writer import record_bind as record_bind_outcome
+from controlplane.extender.decision_writer import record_bound
+from controlplane.extender.preemption.preemptor import preemptor
 from controlplane.extender.snapshots import snapshot_cache
 from controlplane.extender.wire import BindingArgs, ExtenderArgs
 from controlplane.kube import adapter, events
 from controlplane.kube.base import Kube, KubeError
 from controlplane.ledger import allocation, selectors, usage
 from controlplane.ledger.errors import AlreadyPlaced, ServiceError
-from controlplane.ledger.models import PodBinding
 from controlplane.ledger.services import bindings
 from controlplane.ledger.services.bindings import Reservation
 from controlplane.ledger.services.confirmations import confirm_later
@@ -267,7 +267,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
     1. The pod's request: the one its filter parsed (`RecentRequests`), else the pod as the API
        server has it.
     2. `bind_pod`: the ledger's lock -> recompute -> write -> commit. A repeated bind gets the
-       reservation it already made; one already past `reserved` needs no second Binding.
+       reservation it already made; its `send_binding` says whether the Binding still goes.
     3. The Binding through the API server, with the signed allocation as annotations. Refused:
        the reservation is undone. Outcome unknown: it is kept for the reconciler to settle.
     4. Accepted: the confirmation (reserved -> bound) is queued off this path, on a channel that
@@ -298,7 +298,7 @@ def run_bind(args: BindingArgs) -> BindAnswer:
         )
         _tell_failed(args, exc.message)
         raise BindFailed(exc.message, "refused") from None
-    if reservation.repeat and reservation.phase != PodBinding.Phase.RESERVED:
+    if not reservation.send_binding:
         return BindAnswer("already_bound", reservation)  # bound before: no second Binding
     if not reservation.repeat:
         snapshot_cache.assume(args.node, reservation.claims(), args.pod_uid)
@@ -403,17 +403,12 @@ def _read_request(kube: Kube, args: BindingArgs) -> PodRequest | BindAnswer | No
         ) from None
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != args.pod_uid:
-        earlier = selectors.binding_of(args.pod_uid)
-        if earlier is not None and earlier.active:
-            where = earlier.node.name if earlier.node else ""
-            if where != args.node:
-                raise BindFailed(
-                    f"pod {args.namespace}/{args.pod_name} ({args.pod_uid}) is already "
-                    f"{earlier.phase} on node {where or '(none)'}, not {args.node}",
-                    "conflict",
-                )
-            if earlier.phase != PodBinding.Phase.RESERVED:
-                return BindAnswer("already_bound", None)
+        try:
+            earlier = bindings.held_reservation(args.pod_uid, args.node)
+        except AlreadyPlaced as exc:
+            raise BindFailed(exc.message, "conflict") from None
+        if earlier is not None and not earlier.send_binding:
+            return BindAnswer("already_bound", earlier)
     if pod is None:
         raise BindFailed(f"pod {args.namespace}/{args.pod_name} does not exist", "invalid")
     if meta.get("uid") != args.pod_uid:

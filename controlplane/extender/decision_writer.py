@@ -1,4 +1,5 @@
-"""Off the hot path: the decision log is written by one background thread per process.
+"""Off the hot path: the decision log is written by one background worker per process
+(`controlplane.background`).
 
 Filter answers the scheduler first; its decision (and bind's outcome) is queued here and written
 moments later, in batches, through the ledger's `decisions.record_decisions`. The log is
@@ -22,13 +23,12 @@ no hold.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 
 from django.conf import settings
 from django.db import close_old_connections, connections
 
+from controlplane.background import Worker
 from controlplane.ledger.services import decisions
 from controlplane.ledger.services.decisions import DecisionRecord, Outcome
 
@@ -42,69 +42,48 @@ MAX_HELD = 10_000
 IDLE_CLOSE_S = 30.0
 
 Item = tuple[str, object]
-URGENT = ("flush", "stop")  # entries that end the batch window at once (and are never dropped)
 
 
 class DecisionWriter:
     def __init__(self) -> None:
-        # Entries wait in a deque (append and popleft are atomic under the GIL) and a submit
-        # wakes the thread only when it is idle or the entry is urgent: a queue.Queue notified
-        # the waiting thread on every put, a thread switch per filter and per bind that showed
-        # as 5 % of the sidecar's GIL time under load.
-        self._items: deque[Item] = deque()
-        self._wake = threading.Event()
-        self._idle = False
-        self._urgent = False  # a flush or stop is queued: no batch window
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self.worker: Worker[Item] = Worker(
+            "tessera-decision-log",
+            self._handle,
+            max_batch=MAX_BATCH,
+            window_s=BATCH_WINDOW_S,
+            idle_s=IDLE_CLOSE_S,
+            close=connections.close_all,
+            due=self._next_due,
+        )
         self.dropped = 0
-        # The writer thread's own: feasible decisions held back, by pod UID, with when their
+        # The worker thread's own: feasible decisions held back, by pod UID, with when their
         # hold ends (insertion order is due order: every hold is HOLD_S long).
         self._held: dict[str, tuple[DecisionRecord, float]] = {}
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            with self._start_lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="tessera-decision-log", daemon=True
-                    )
-                    self._thread.start()
 
     def submit(self, kind: str, item: object) -> None:
         if not settings.TESSERA.get("DECISION_LOG_ASYNC", True):
             self._write([(kind, item)], hold=False)
             return
-        self._ensure_thread()
-        if len(self._items) >= MAX_QUEUED and kind not in URGENT:
+        if self.worker.queued >= MAX_QUEUED:
             self.dropped += 1
             log.warning("decision log queue full: %d entries dropped so far", self.dropped)
             return
-        if kind in URGENT:
-            self._urgent = True
-        self._items.append((kind, item))
-        if self._idle or kind in URGENT:
-            self._idle = False  # one wake is enough until the thread looks again
-            self._wake.set()
+        self.worker.submit((kind, item))
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything queued so far is written, held decisions included (tests,
         shutdown)."""
-        done = threading.Event()
-        self.submit("flush", done)
         if settings.TESSERA.get("DECISION_LOG_ASYNC", True):
-            done.wait(timeout)
+            self.worker.submit(("flush", None))  # never dropped: past the bound of `submit`
+            self.worker.flush(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Write what is queued and held, close the thread's database connection and end the
         thread (the next submit starts a new one)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        if not self.worker.alive:
             return
-        self._urgent = True
-        self._items.append(("stop", None))
-        self._wake.set()
-        thread.join(timeout)
+        self.worker.submit(("flush", None))
+        self.worker.stop(timeout)
 
     def _write(self, batch: list[Item], *, hold: bool) -> None:
         """Write a batch in order. With `hold`, feasible decisions wait in `_held` instead."""
@@ -136,8 +115,6 @@ class DecisionWriter:
             elif kind == "flush":
                 records.extend(record for record, _ in held.values())
                 held.clear()
-                self._settle(records, bound)
-                item.set()  # type: ignore[attr-defined]
         while len(held) > MAX_HELD:  # a flood of unbound pods: write the oldest now
             records.append(held.pop(next(iter(held)))[0])
         self._settle(records, bound)
@@ -157,64 +134,23 @@ class DecisionWriter:
             due.append(uid)
         return [self._held.pop(uid)[0] for uid in due]
 
-    def _next_wait(self) -> float:
+    def _next_due(self) -> float | None:
+        """Seconds until the first hold ends; None when nothing is held."""
         if not self._held:
-            return IDLE_CLOSE_S
-        first = next(iter(self._held.values()))[1]
-        return min(max(first - time.monotonic(), 0.0), IDLE_CLOSE_S)
+            return None
+        return next(iter(self._held.values()))[1] - time.monotonic()
 
-    def _gather(self) -> list[Item] | None:
-        """The next batch: what arrives within BATCH_WINDOW_S of the first entry (less when a
-        flush or stop comes); [] when a hold ends first; None when the writer was idle for
-        IDLE_CLOSE_S."""
-        self._idle = True  # before looking: a submit after the look sees it and wakes us
-        if not self._items:
-            self._wake.wait(self._next_wait())
-        self._idle = False
-        self._wake.clear()
-        if not self._items:
-            return [] if self._held else None
-        # Gather what arrives for a moment: one upsert of many rows costs about what one
-        # of a single row does (a burst of filters would otherwise write row by row).
-        if not self._urgent and len(self._items) < MAX_BATCH:
-            self._wake.wait(BATCH_WINDOW_S)  # only an urgent entry cuts it short
-            self._wake.clear()
-        batch: list[Item] = []
-        while self._items and len(batch) < MAX_BATCH:
-            batch.append(self._items.popleft())
-            if batch[-1][0] in URGENT:
-                self._urgent = any(kind in URGENT for kind, _ in self._items)
-                break
-        return batch
-
-    def _run(self) -> None:
-        while True:
-            batch = self._gather()
-            if batch is None:
-                connections.close_all()  # idle: give the connection back
-                continue
-            stopping = any(kind == "stop" for kind, _ in batch)
-            work = [item for item in batch if item[0] != "stop"]
-            if stopping:
-                work.append(("flush", threading.Event()))  # what is held is written too
-            # Each batch is this thread's "request": its kept connection is checked before the
-            # batch uses it (CONN_HEALTH_CHECKS) and replaced when the database ended it (a
-            # restart, a failover), rather than failing the batch and dropping its entries.
-            close_old_connections()
-            try:
-                self._write(work, hold=True)
-                due = self._release_due(time.monotonic())
-                if due:
-                    decisions.record_decisions(due)
-            except Exception:  # diagnostics only: log, drop this batch, keep serving
-                log.exception("writing %d decision log entries failed", len(work))
-                for kind, item in work:
-                    if kind == "flush":
-                        item.set()  # type: ignore[attr-defined]
-                connections.close_all()
-            if stopping:
-                connections.close_all()
-                return
+    def _handle(self, batch: list[Item]) -> None:
+        """The worker's batch (empty when a hold ended): write it, and what is due."""
+        # Each batch is this thread's "request": its kept connection is checked before the
+        # batch uses it (CONN_HEALTH_CHECKS) and replaced when the database ended it (a
+        # restart, a failover), rather than failing the batch and dropping its entries. A
+        # batch that fails all the same is dropped (diagnostics only), and the worker goes on.
+        close_old_connections()
+        self._write(batch, hold=True)
+        due = self._release_due(time.monotonic())
+        if due:
+            decisions.record_decisions(due)
 
 
 writer = DecisionWriter()

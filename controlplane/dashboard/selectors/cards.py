@@ -1,0 +1,253 @@
+"""The dashboard's card pages: a card's bar of slices (and a MIG card's layout of instances),
+and one card's detail with its health and cordon history. The node pages draw these cards too
+(`nodes`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import QuerySet
+
+from controlplane.dashboard.selectors.common import percent
+from controlplane.ledger import usage as ledger_usage
+from controlplane.ledger.models import AuditEvent, Card, Slice
+from controlplane.ledger.services.mode_rules import describe
+from controlplane.scheduling import CardClaim
+from controlplane.scheduling.mig import GEOMETRIES, geometry_for
+
+CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
+CARD_HISTORY_ACTIONS = (
+    *CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon", "card-mode", "card-mode-requested",
+    "card-mode-cancelled",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    """One active slice as drawn in a card's bar."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    phase: str
+    container: str
+    init: bool
+    memory_mib: int
+    cores: int
+    memory_share: float  # percent of the card's memory
+    cores_share: float  # percent of the card's compute
+    mig_profile: str = ""  # on a MIG card: the GPU instance's profile and placement
+    mig_start: int | None = None
+    mig_size: int | None = None
+
+
+def mig_memory_slices(model: str) -> int:
+    """How many memory slices a MIG card of `model` has, for drawing its layout: its MIG
+    geometry's (`controlplane.scheduling.mig`), or the most any geometry has for a model the
+    table lacks (a placement past that widens the bar)."""
+    geometry = geometry_for(model)
+    if geometry is not None:
+        return geometry.memory_slices
+    return max(g.memory_slices for g in GEOMETRIES)
+
+
+@dataclass(frozen=True, slots=True)
+class MigCell:
+    """A run of a MIG card's memory slices: one GPU instance, or free (`instance` None)."""
+
+    start: int
+    size: int
+    width: float  # percent of the card
+    instance: SliceView | None = None
+
+
+@dataclass(slots=True)
+class CardView:
+    """One card with its allocation and active slices."""
+
+    id: int
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    compute_units: int
+    slots: int
+    healthy: bool
+    health_reason: str
+    cordoned: bool
+    present: bool
+    node_name: str
+    mode: str = Card.Mode.SHARED
+    pending_mode: str = ""
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    usage: CardClaim = ledger_usage.EMPTY_CARD
+    slices: list[SliceView] = field(default_factory=list)
+
+    @property
+    def draining(self) -> bool:
+        """A mode change waits for the card's slices to end; it takes nothing new meanwhile."""
+        return bool(self.pending_mode)
+
+    @property
+    def mode_status(self) -> str:
+        """The mode in words: "MIG", or "draining: becomes MIG when its 2 slices end"."""
+        return describe(self.mode, self.pending_mode, len(self.slices))
+
+    @property
+    def mig_instances(self) -> list[SliceView]:
+        """The card's GPU instances in the ledger (its active MIG slices), by placement."""
+        placed = [s for s in self.slices if s.mig_profile]
+        return sorted(placed, key=lambda s: (s.mig_start or 0, s.pod))
+
+    @property
+    def mig_layout(self) -> list[MigCell]:
+        """The card's memory slices left to right: each instance at its placement, free runs
+        between them; widths in percent of the card."""
+        instances = self.mig_instances
+        total = max(
+            mig_memory_slices(self.model),
+            max(((s.mig_start or 0) + (s.mig_size or 0) for s in instances), default=0),
+        )
+        cells: list[MigCell] = []
+        at = 0
+        for s in instances:
+            start, size = s.mig_start or 0, s.mig_size or 0
+            if start > at:
+                cells.append(MigCell(at, start - at, percent(start - at, total)))
+            cells.append(MigCell(start, size, percent(size, total), s))
+            at = max(at, start + size)
+        if at < total:
+            cells.append(MigCell(at, total - at, percent(total - at, total)))
+        return cells
+
+    @property
+    def memory_free_mib(self) -> int:
+        return max(self.memory_mib - self.usage.memory_mib, 0)
+
+    @property
+    def memory_percent(self) -> float:
+        return percent(self.usage.memory_mib, self.memory_mib)
+
+    @property
+    def compute_percent(self) -> float:
+        return percent(self.usage.cores, self.compute_units)
+
+    @property
+    def state(self) -> str:
+        """One word for the badge: missing, unhealthy, cordoned or healthy (worst first)."""
+        if not self.present:
+            return "missing"
+        if not self.healthy:
+            return "unhealthy"
+        if self.cordoned:
+            return "cordoned"
+        return "healthy"
+
+
+CARD_FIELDS = (
+    "id",
+    "uuid",
+    "index",
+    "model",
+    "memory_mib",
+    "compute_units",
+    "slots",
+    "healthy",
+    "health_reason",
+    "cordoned",
+    "present",
+    "node__name",
+    "mode",
+    "pending_mode",
+    "mig_capable",
+    "mig_enabled",
+)
+
+
+SLICE_VIEW_FIELDS = (
+    *ledger_usage.SLICE_ROW,
+    "binding__namespace",
+    "binding__name",
+    "binding__pod_uid",
+    "binding__phase",
+    "container_name",
+    "mig_profile",
+    "mig_start",
+    "mig_size",
+)
+
+
+def card_views(
+    cards_qs: QuerySet[Card], slices_qs: QuerySet[Slice] | None = None
+) -> list[CardView]:
+    """Cards (one query) and their active slices (one query), usage folded per card.
+
+    `slices_qs` narrows the slice query (e.g. by node); by default it is the listed cards' slices.
+    """
+    cards = [CardView(*row) for row in cards_qs.values_list(*CARD_FIELDS)]
+    by_id = {c.id: c for c in cards}
+    if slices_qs is None:
+        slices_qs = Slice.objects.filter(card_id__in=list(by_id))
+    # Rows named by their fields (`row.card_id`, `row.binding__name`): no position to drift.
+    rows = list(slices_qs.filter(active=True).values_list(*SLICE_VIEW_FIELDS, named=True))
+    # the core folds its own leading columns (`ledger_usage.SLICE_ROW`)
+    width = len(ledger_usage.SLICE_ROW)
+    for card_id, claim in ledger_usage.claims_of(r[:width] for r in rows).items():
+        if card_id in by_id:
+            by_id[card_id].usage = claim
+    for row in rows:
+        card = by_id.get(row.card_id)
+        if card is None:
+            continue
+        card.slices.append(
+            SliceView(
+                row.binding__namespace,
+                row.binding__name,
+                row.binding__pod_uid,
+                row.binding__phase,
+                row.container_name,
+                row.init_container,
+                row.memory_mib,
+                row.compute_percent,
+                percent(row.memory_mib, card.memory_mib),
+                percent(row.compute_percent, card.compute_units),
+                row.mig_profile,
+                row.mig_start,
+                row.mig_size,
+            )
+        )
+    for card in cards:
+        card.slices.sort(key=lambda s: (s.init, s.namespace, s.pod, s.container))
+    return cards
+
+
+@dataclass(frozen=True, slots=True)
+class CardDetail:
+    """A card, its node's flags, its slices and its health/cordon history."""
+
+    card: CardView
+    node_ready: bool
+    node_cordoned: bool
+    numa_node: int | None
+    last_seen: datetime | None
+    history: list[AuditEvent]
+
+
+def card_detail(uuid: str) -> CardDetail | None:
+    """One card (three queries: card, slices, history), or None when no such card."""
+    extra = (
+        Card.objects.filter(uuid=uuid)
+        .values_list("node__ready", "node__cordoned", "numa_node", "last_seen")
+        .first()
+    )
+    if extra is None:
+        return None
+    cards = card_views(Card.objects.filter(uuid=uuid), Slice.objects.filter(card__uuid=uuid))
+    history = list(
+        AuditEvent.objects.filter(
+            target_type="card", target=uuid, action__in=CARD_HISTORY_ACTIONS
+        ).order_by("-at", "-id")[:100]
+    )
+    return CardDetail(cards[0], *extra, history)

@@ -1,0 +1,345 @@
+"""Prepared ResourceClaims: the claim's plan, and the checkpoint of what was prepared.
+
+A claim's allocation result (``status.allocation.devices.results``) becomes the same
+:class:`~nodeplugin.edits.ContainerPlan` the device plugin renders, so the device plugin's
+writer puts the same CDI spec and region on disk: the consumed memory and compute of a shared
+card are the shim's limits, and the results' order is the device order the container sees.
+
+The kubelet repeats prepare and unprepare (after its own restart, say), and unprepare may reach
+another plugin process than prepare did, after the claim is gone. So every prepared claim is
+checkpointed on disk, and both calls are idempotent (docs/dra.md, *Prepare and unprepare*).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeplugin import edits
+from nodeplugin.allocation import (
+    EXCLUSIVE,
+    MIG,
+    SHARED,
+    ContainerAllocation,
+    MigPlacement,
+    SliceDevice,
+)
+from nodeplugin.cards import Card
+from nodeplugin.dra_slices import (
+    COMPUTE,
+    DRIVER,
+    MEMORY,
+    MigLayout,
+    card_device_name,
+    mig_device_name,
+)
+from nodeplugin.store import atomic_write
+from nodeplugin.writer import Writer
+
+MIB = 1 << 20
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_FACTOR: dict[str | None, int] = {
+    None: 1,
+    **{s: 1 << (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 10 ** (3 * (i + 1)) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+CHECKPOINT_VERSION = 1
+# Devices one claim takes whole: an exclusive card, a MIG placement.
+WHOLE = (EXCLUSIVE, MIG)
+
+
+class ClaimError(ValueError):
+    """A claim this plugin must not prepare; the message says which device and why."""
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be read: preparing on top of it could double or lose a claim."""
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One allocation result of this driver, and what it gave the container."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    card: str  # the card's UUID
+    mode: str
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    plan_name: str  # the CDI device name and region directory
+    cdi_id: str
+    devices: tuple[ClaimDevice, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PreparedClaim:
+        return cls(**{**data, "devices": tuple(ClaimDevice(**d) for d in data["devices"])})
+
+
+def quantity(value: object, where: str) -> int:
+    """A whole-number Kubernetes quantity as the allocator writes consumed capacity (``80Gi``,
+    ``8448Mi``, ``30``); anything else is refused rather than guessed."""
+    m = _QUANTITY.match(str(value)) if isinstance(value, (str, int)) else None
+    if m is None or isinstance(value, bool):
+        raise ClaimError(f"{where}: {value!r} is not a whole-number quantity")
+    return int(m.group(1)) * _FACTOR[m.group(2)]
+
+
+def plan_name(uid: str) -> str:
+    """Never reused with other content: a claim's UID is unique and its allocation immutable."""
+    return f"claim-{uid}"
+
+
+def _meta(claim: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = claim.get("metadata") or {}
+    uid, ns, name = meta.get("uid"), meta.get("namespace", ""), meta.get("name", "")
+    if not uid:
+        raise ClaimError("the ResourceClaim has no metadata.uid")
+    return str(uid), str(ns), str(name)
+
+
+def _consumed(result: Mapping[str, Any], card: Card, where: str) -> tuple[int, int]:
+    consumed = result.get("consumedCapacity")
+    if not isinstance(consumed, Mapping) or MEMORY not in consumed or COMPUTE not in consumed:
+        raise ClaimError(
+            f"{where}: a shared card's allocation carries no consumedCapacity memory and compute "
+            "(was it allocated by a scheduler without the DRAConsumableCapacity feature?)"
+        )
+    memory = quantity(consumed[MEMORY], f"{where} consumedCapacity.memory")
+    if memory % MIB:
+        raise ClaimError(
+            f"{where}: consumed memory {consumed[MEMORY]} is not a whole number of MiB"
+        )
+    memory_mib = memory // MIB
+    cores = quantity(consumed[COMPUTE], f"{where} consumedCapacity.compute")
+    if not 1 <= memory_mib <= card.memory_mib:
+        raise ClaimError(
+            f"{where}: consumes {memory_mib} MiB of card {card.uuid}, which has "
+            f"{card.memory_mib} MiB"
+        )
+    if cores > 100:
+        raise ClaimError(f"{where}: consumes {cores}% compute of card {card.uuid}; at most 100")
+    return memory_mib, cores
+
+
+@dataclass(frozen=True)
+class Published:
+    """What this node publishes: the cards, their modes and MIG layouts, under which driver
+    (the same inputs the ResourceSlice was built from)."""
+
+    node: str
+    cards: tuple[Card, ...]
+    modes: Mapping[str, str] = field(default_factory=dict)
+    mig: Mapping[str, MigLayout] = field(default_factory=dict)
+    driver: str = DRIVER
+
+
+def claim_devices(
+    claim: Mapping[str, Any], published: Published
+) -> tuple[tuple[ClaimDevice, ...], tuple[SliceDevice, ...]]:
+    """This driver's results of an allocated claim, in the results' order, checked against the
+    node's cards; results of other drivers are theirs to prepare. Raises :class:`ClaimError`
+    for a device of another node, one this node does not publish, a claim with none of this
+    driver's devices, or a consumption the card cannot hold."""
+    node, modes, driver = published.node, published.modes, published.driver
+    _, ns, name = _meta(claim)
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {ns}/{name}: not allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    by_name: dict[str, tuple[Card, MigPlacement | None, int]] = {}
+    for card in published.cards:
+        mode = modes.get(card.uuid, SHARED)
+        if mode == MIG:
+            for o in published.mig.get(card.uuid, MigLayout(0, ())).offers:
+                by_name[mig_device_name(card, o)] = (
+                    card,
+                    MigPlacement(o.profile, o.start, o.size),
+                    o.memory_mib,
+                )
+        else:
+            by_name[card_device_name(card)] = (card, None, card.memory_mib)
+    out: list[ClaimDevice] = []
+    slices: list[SliceDevice] = []
+    for r in results:
+        if r.get("driver") != driver:
+            continue
+        where = f"claim {ns}/{name} device {r.get('pool')}/{r.get('device')}"
+        if r.get("pool") != node:
+            raise ClaimError(
+                f"{where}: the device is in pool {r.get('pool')!r}, not this node's ({node})"
+            )
+        found = by_name.get(str(r.get("device")))
+        if found is None:
+            raise ClaimError(f"{where}: this node publishes no such device (now)")
+        card, placement, mig_memory = found
+        mode = modes.get(card.uuid, SHARED)
+        if any(d.card == card.uuid for d in out):
+            raise ClaimError(
+                f"{where}: a second allocation on card {card.uuid}; a container sees each card "
+                "once, so ask distinct cards (constraints: distinctAttribute "
+                f"{driver}/uuid)"
+            )
+        if mode == MIG:
+            memory_mib, cores = mig_memory, 0
+        elif mode == EXCLUSIVE:
+            memory_mib, cores = card.memory_mib, 100
+        else:
+            memory_mib, cores = _consumed(r, card, where)
+        share = r.get("shareID")
+        out.append(
+            ClaimDevice(
+                str(r.get("request", "")),
+                node,
+                str(r["device"]),
+                str(share) if share else None,
+                card.uuid,
+                mode,
+                memory_mib,
+                cores,
+            )
+        )
+        slices.append(SliceDevice(card.uuid, memory_mib, cores, mode, placement))
+    if not out:
+        raise ClaimError(f"claim {ns}/{name}: no device of driver {driver} is allocated to it")
+    return tuple(out), tuple(slices)
+
+
+def _consumer_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
+    for ref in (claim.get("status") or {}).get("reservedFor") or []:
+        if ref.get("resource") == "pods":
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return "", ""
+
+
+def claim_plan(
+    claim: Mapping[str, Any], published: Published
+) -> tuple[edits.ContainerPlan, tuple[ClaimDevice, ...]]:
+    """The plan the device plugin's writer renders for this claim, and its devices."""
+    uid, ns, _ = _meta(claim)
+    devices, slices = claim_devices(claim, published)
+    pod, pod_uid = _consumer_pod(claim)
+    container = ContainerAllocation("", 0, False, slices)
+    plan = edits.make_plan(
+        plan_name(uid),
+        container,
+        {c.uuid: c for c in published.cards},
+        namespace=ns,
+        pod=pod,
+        pod_uid=pod_uid,
+    )
+    return plan, devices
+
+
+class ClaimStore:
+    """The checkpoint of prepared claims, one JSON file written atomically and fsynced."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "dra" / "claims.json"
+        self._claims = self._load()
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(raw)
+            if data.get("version") != CHECKPOINT_VERSION:
+                raise ValueError(f"version {data.get('version')!r}, expected {CHECKPOINT_VERSION}")
+            return {uid: PreparedClaim.from_json(c) for uid, c in data["claims"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"the DRA checkpoint {self.path} cannot be read ({exc}); drain the node's GPU "
+                "pods and remove the file, or restore it"
+            ) from None
+
+    def _save(self) -> None:
+        data = {
+            "version": CHECKPOINT_VERSION,
+            "claims": {uid: c.to_json() for uid, c in sorted(self._claims.items())},
+        }
+        atomic_write(self.path, json.dumps(data, sort_keys=True).encode(), 0o600, durable=True)
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._claims.get(uid)
+
+    def all(self) -> list[PreparedClaim]:
+        return list(self._claims.values())
+
+    def put(self, claim: PreparedClaim) -> None:
+        self._claims[claim.uid] = claim
+        self._save()
+
+    def remove(self, uid: str) -> None:
+        if self._claims.pop(uid, None) is not None:
+            self._save()
+
+
+class ClaimPreparer:
+    """Prepare and unprepare of claims: the spec and region through the device plugin's
+    writer, the record through the checkpoint."""
+
+    def __init__(self, writer: Writer, store: ClaimStore) -> None:
+        self.writer = writer
+        self.store = store
+
+    def _check_free(self, uid: str, devices: Sequence[ClaimDevice], cards: Sequence[Card]) -> None:
+        """The last line of defence against two unrelated claims on one device: the scheduler
+        should never allocate it, but if it did, the second is refused."""
+        memory = {c.uuid: c.memory_mib for c in cards}
+        others = [d for c in self.store.all() if c.uid != uid for d in c.devices]
+        for d in devices:
+            same = [o for o in others if o.device == d.device]
+            if not same:
+                continue
+            if d.mode in WHOLE or any(o.mode in WHOLE for o in same):
+                raise ClaimError(
+                    f"device {d.device} ({d.card}) is already prepared for another claim"
+                )
+            used = sum(o.memory_mib for o in same)
+            if used + d.memory_mib > memory.get(d.card, 0):
+                raise ClaimError(
+                    f"device {d.device} ({d.card}): {d.memory_mib} MiB asked, {used} MiB of "
+                    f"{memory.get(d.card, 0)} MiB already prepared for other claims"
+                )
+
+    def prepare(self, claim: Mapping[str, Any], published: Published) -> PreparedClaim:
+        """Idempotent: a claim prepared before keeps its one checkpoint entry; its spec is
+        written again only when missing (the writer skips an identical rewrite), e.g. after a
+        reboot emptied the CDI directory. The checkpoint comes first, so whatever is on disk
+        for a claim is in it, and an unprepare in another process finds it."""
+        plan, devices = claim_plan(claim, published)
+        uid, ns, name = _meta(claim)
+        self._check_free(uid, devices, published.cards)
+        prepared = PreparedClaim(
+            uid, ns, name, plan.name, f"{self.writer.cdi_kind}={plan.name}", devices
+        )
+        if self.store.get(uid) != prepared:
+            self.store.put(prepared)
+        self.writer.write(plan)
+        return prepared
+
+    def unprepare(self, uid: str) -> None:
+        """Removes the claim's spec and region, then its checkpoint entry; a claim not
+        prepared (or unprepared already) is not an error."""
+        prepared = self.store.get(uid)
+        if prepared is None:
+            return
+        self.writer.remove(prepared.plan_name)
+        self.store.remove(uid)
