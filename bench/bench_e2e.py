@@ -1,7 +1,7 @@
 """Scheduling at scale on a real cluster: kube-scheduler alone, with a no-op extender, with Tessera.
 
     .venv/bin/python bench/bench_e2e.py [--nodes 1000] [--cards 8] [--pods 5000]
-                                        [--only a,b,c,d] [--rounds 2] [--hami-src DIR]
+                                        [--only a,b,c,d] [--rounds 2]
 
 One harness cluster (e2e/cluster.py: etcd, kube-apiserver, kwok, the control plane) with
 `--nodes` kwok GPU nodes of `--cards` cards each, their inventory reported to Tessera. Then the
@@ -15,9 +15,9 @@ same kube-scheduler binary and profile (`tessera-scheduler`) is run three times,
   (d) HAMi's scheduler extender (e2e/hami.py), configured from HAMi's own chart, the kwok nodes'
       cards registered in the node annotation HAMi's device plugin writes, and the plugin's part
       after a bind (allocate, release HAMi's node lock) done the moment the binding shows
-      (e2e/hami_plugin.py: HAMi's best case). It runs when HAMi's scheduler is built or
-      `--hami-src`/HAMI_SRC names a HAMi checkout to build it from (e2e/versions.env says why
-      the Go module proxy cannot serve it); otherwise the run says that (d) was left out.
+      (e2e/hami_plugin.py: HAMi's best case). e2e/build.sh builds HAMi's scheduler from its
+      source tarball in shared/peers/hami/ beside the checkout (e2e/versions.env says why the Go
+      module proxy cannot serve it); without the tarball the run says that (d) was left out.
 
 For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
 then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
@@ -501,14 +501,6 @@ def main(argv: list[str] | None = None) -> int:
         help="set-ups to run, e.g. a,c (default a,b,c,d, less d when HAMi cannot be had here)",
     )
     parser.add_argument(
-        "--hami-src",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="a checkout of HAMi at HAMI_VERSION (e2e/versions.env) to build its scheduler from "
-        "for (d), once (default: $HAMI_SRC)",
-    )
-    parser.add_argument(
         "--rounds",
         type=int,
         default=2,
@@ -556,22 +548,20 @@ def main(argv: list[str] | None = None) -> int:
         k: int(v) if v.lstrip("-").isdigit() else v
         for k, v in settings_from(parser, "--variant-profile", args.variant_profile).items()
     }
-    if args.hami_src is not None:
-        os.environ["HAMI_SRC"] = str(args.hami_src.resolve())
     from e2e import hami as hami_setup
 
     phases = set((args.only or "a,b,c,d").split(","))
     if not phases <= set("abcd"):
         parser.error(f"--only {args.only}: set-ups are a, b, c and d")
-    if args.only is None and not hami_setup.available():
-        phases.discard("d")
-        print(
-            "# (d) left out: HAMi's scheduler is not built here and no HAMi checkout was given "
-            "(--hami-src or HAMI_SRC; e2e/versions.env says why the Go module proxy cannot "
-            "serve it)",
-            flush=True,
-        )
-    hami_found = hami_setup.binaries() if "d" in phases else {}  # before the cluster: minutes
+    hami_found: dict[str, Path] = {}
+    if "d" in phases:  # before the cluster: a cold build takes minutes
+        try:
+            hami_found = hami_setup.binaries()
+        except HarnessError as exc:
+            if args.only is not None:
+                raise
+            phases.discard("d")
+            print(f"# (d) left out: HAMi's scheduler cannot be built here ({exc})", flush=True)
     phases |= {"v"} if variant or checkout or profile else set()
 
     scratch = ScratchDatabase(args.database_url or None, Path(tempfile.mkdtemp()))

@@ -6,8 +6,8 @@
 #   containerd-shim-runc-v2 and ctr (github.com/containerd/containerd/v2), crictl
 #   (sigs.k8s.io/cri-tools) and the OCI registry (github.com/distribution/distribution/v3);
 #   for the Kueue test: kueue (sigs.k8s.io/kueue), with its CRDs and webhook manifests;
-#   for the benchmark against HAMi, only when named: hami-scheduler, from the HAMi checkout in
-#   $HAMI_SRC (see HAMI_VERSION in e2e/versions.env), with HAMi's chart beside it.
+#   for the benchmark against HAMi, only when named: hami-scheduler, from HAMi's source tarball
+#   (HAMI_VERSION in e2e/versions.env; see hami_tarball below), with HAMi's chart beside it.
 # Output: $TESSERA_E2E_CACHE/bin/<name>-<version>/<name> (default cache: .cache/e2e). A binary
 # that is already there is kept, so a warm run costs nothing. --force rebuilds.
 #   e2e/build.sh [--force] [NAME...]   NAMEs: see ALL below (default: all)
@@ -30,7 +30,7 @@ ALL=(kube-apiserver kube-scheduler kubectl kwok helm kubelet kube-controller-man
 ON_REQUEST=(hami-scheduler)
 [ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
 for name in "${WANT[@]}"; do
-  case " ${ALL[*]} ${ON_REQUEST[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]})" >&2; exit 2 ;; esac
+  case " ${ALL[*]} ${ON_REQUEST[*]} " in *" $name "*) ;; *) echo "e2e-build: error: unknown binary $name (known: ${ALL[*]} ${ON_REQUEST[*]})" >&2; exit 2 ;; esac
 done
 wanted() { local n; for n in "${WANT[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
 
@@ -175,25 +175,51 @@ if wanted registry; then
 fi
 if wanted kueue; then build_one kueue "$KUEUE_VERSION" kueue_install; fi
 
-# HAMi's scheduler extender from a checkout of HAMI_VERSION (e2e/versions.env says why not from
-# the proxy; its dependencies do come from it). cgo is on for this one: HAMi's scheduler links
-# NVIDIA's go-nvml, whose types exist only in cgo builds (it never calls NVML on this path). Its
-# chart is copied beside the binary: e2e/hami.py configures the scheduler from the chart's
-# rendered manifests, so a cache of bin/ alone is enough to run it.
+# HAMi's scheduler extender, from HAMI_VERSION's source tarball (e2e/versions.env says why not
+# from the Go module proxy; its dependencies do come from it). The tarball is read where it lies,
+# never copied into the project: TESSERA_HAMI_SRC_TARBALL, else shared/peers/hami/ next to this
+# checkout or above it, or next to the checkout this clone was made from. The .sha256 beside it
+# holds the hash alone: the build goes into a folder keyed on it, so a different tarball is never
+# mistaken for a built one, and the tarball is checked against it before it is unpacked.
+hami_tarball() {
+  local given=${TESSERA_HAMI_SRC_TARBALL:-}
+  if [ -n "$given" ]; then
+    [ -f "$given" ] || die "hami-scheduler: TESSERA_HAMI_SRC_TARBALL=$given is not a file"
+    echo "$given"; return 0
+  fi
+  local file=hami-$HAMI_VERSION-src.tar.gz start dir origin
+  origin=$(git -C "$ROOT" remote get-url origin 2>/dev/null || true); origin=${origin#file://}
+  for start in "$ROOT" ${origin:+"$origin"}; do
+    [ -d "$start" ] || continue
+    dir=$(cd "$start" && pwd -P)
+    while [ "$dir" != / ]; do
+      dir=$(dirname "$dir")
+      [ -f "$dir/shared/peers/hami/$file" ] && { echo "$dir/shared/peers/hami/$file"; return 0; }
+    done
+  done
+  die "hami-scheduler: no $file in shared/peers/hami/ next to $ROOT or above it; set TESSERA_HAMI_SRC_TARBALL to it"
+}
+# HAMi's scheduler links NVIDIA's go-nvml, whose types exist only in cgo builds (it never calls NVML
+# on this path), so cgo is on for this one. Its chart is copied beside the binary: e2e/hami.py
+# configures the scheduler from the chart's rendered manifests, so a cache of bin/ alone is
+# enough to run it.
 hami_install() {
-  local src=${HAMI_SRC:-}
-  [ -n "$src" ] || die "hami-scheduler: set HAMI_SRC to a checkout of HAMi $HAMI_VERSION (git clone --branch $HAMI_VERSION https://github.com/Project-HAMi/HAMi); the Go module proxy serves no v2 release of github.com/Project-HAMi/HAMi"
+  local want; want=$(tr -d ' \n' <"$HAMI_TARBALL.sha256")
+  local have; have=$(sha256sum "$HAMI_TARBALL" | cut -d' ' -f1)
+  [ "$have" = "$want" ] || die "hami-scheduler: $HAMI_TARBALL has sha256 $have, $HAMI_TARBALL.sha256 says $want"
+  tar -xzf "$HAMI_TARBALL" -C "$OUT"
+  local src=$OUT/hami-$HAMI_VERSION
   [ -f "$src/go.mod" ] && [ -d "$src/cmd/scheduler" ] && [ -f "$src/charts/hami/Chart.yaml" ] \
-    || die "hami-scheduler: HAMI_SRC=$src is not a HAMi checkout (no go.mod, cmd/scheduler or charts/hami there)"
-  grep -q '^module github.com/Project-HAMi/HAMi$' "$src/go.mod" \
-    || die "hami-scheduler: $src/go.mod is not module github.com/Project-HAMi/HAMi"
-  local app; app=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$src/charts/hami/Chart.yaml")
-  [ "v$app" = "$HAMI_VERSION" ] \
-    || die "hami-scheduler: $src is HAMi v$app (charts/hami/Chart.yaml), e2e/versions.env pins $HAMI_VERSION"
+    || die "hami-scheduler: $HAMI_TARBALL holds no hami-$HAMI_VERSION/ with go.mod, cmd/scheduler and charts/hami"
   (cd "$src" && CGO_ENABLED=1 nice go build \
     -ldflags "-s -w -X github.com/Project-HAMi/HAMi/pkg/version.version=$HAMI_VERSION" \
     -o "$OUT/hami-scheduler" ./cmd/scheduler)
-  local dir=$CACHE/bin/hami-scheduler-$HAMI_VERSION
-  mkdir -p "$dir"; rm -rf "$dir/chart"; cp -r "$src/charts/hami" "$dir/chart"; chmod -R u+w "$dir/chart"
+  mkdir -p "$HAMI_DIR"; rm -rf "$HAMI_DIR/chart"; cp -r "$src/charts/hami" "$HAMI_DIR/chart"
 }
-if wanted hami-scheduler; then build_one hami-scheduler "$HAMI_VERSION" hami_install; fi
+if wanted hami-scheduler; then
+  HAMI_TARBALL=$(hami_tarball)
+  [ -f "$HAMI_TARBALL.sha256" ] || die "hami-scheduler: no $HAMI_TARBALL.sha256 beside the tarball"
+  HAMI_KEY=$HAMI_VERSION-$(tr -d ' \n' <"$HAMI_TARBALL.sha256" | cut -c1-16)
+  HAMI_DIR=$CACHE/bin/hami-scheduler-$HAMI_KEY
+  build_one hami-scheduler "$HAMI_KEY" hami_install
+fi

@@ -35,7 +35,6 @@ card): it registers nodes on a 15 s tick, so that can take a while after it star
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ import requests
 import yaml
 
 from e2e.cluster import Cluster, ExtenderSetup
-from e2e.harness import E2E_DIR, HarnessError, build_binaries, cache_dir, load_versions
+from e2e.harness import E2E_DIR, HarnessError, build_binaries, load_versions
 from e2e.objects import Api
 from e2e.ports import free_port
 
@@ -69,16 +68,9 @@ KUBE_QPS, KUBE_BURST = 1000, 2000  # what the harness's kube-scheduler gets
 
 
 def binaries() -> dict[str, Path]:
-    """HAMi's scheduler (built from HAMI_SRC on first use, e2e/build.sh) and the pinned helm."""
+    """HAMi's scheduler (built from HAMi's source tarball on first use, e2e/build.sh) and the
+    pinned helm. HarnessError when it cannot be built here (no tarball beside the checkout)."""
     return build_binaries((COMPONENT, "helm"))
-
-
-def available() -> bool:
-    """Whether set-up (d) can run here without asking for anything: HAMi's scheduler is built,
-    or HAMI_SRC names a checkout to build it from."""
-    version = load_versions()["HAMI_VERSION"]
-    built = cache_dir() / "bin" / f"{COMPONENT}-{version}" / COMPONENT
-    return built.is_file() or bool(os.environ.get("HAMI_SRC"))
 
 
 @dataclass(frozen=True)
