@@ -122,17 +122,6 @@ STOP_ORDER = (
 )
 
 
-@dataclass(frozen=True)
-class ExtenderSetup:
-    """Another scheduler extender's part of a KubeSchedulerConfiguration, as its own deployment
-    writes it (e2e/hami.py: HAMi's chart): its extenders and the profiles its pods name, given
-    to kube-scheduler instead of Tessera's. `source` says where they were read."""
-
-    extenders: tuple[dict[str, Any], ...]
-    profiles: tuple[dict[str, Any], ...]
-    source: str
-
-
 @dataclass
 class Options:
     """What `up` starts; tests and the benchmark change these, `make e2e-up` takes defaults."""
@@ -918,14 +907,12 @@ class Cluster:
         return entry, profiles, source
 
     def scheduler_config(
-        self, extender: str | ExtenderSetup, profile: dict[str, Any] | None = None
+        self, extender: str, profile: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """KubeSchedulerConfiguration: profiles default-scheduler and tessera-scheduler.
 
-        `extender`: "tessera" (the control plane under test), "none", a URL prefix of
-        another extender (the benchmark's no-op one) configured exactly like Tessera's, or
-        another scheduler's own extenders and profiles (kept beside Tessera's profile, which
-        then has no extender).
+        `extender`: "tessera" (the control plane under test), "none", or a URL prefix of
+        another extender (the benchmark's no-op one) configured exactly like Tessera's.
         `profile`: fields set on Tessera's profile over the deployed ones (the benchmark's
         side-by-side runs of two profile settings).
         """
@@ -943,15 +930,7 @@ class Cluster:
         profiles = [{**p, **(profile or {})} for p in profiles]
         config["profiles"] = [{"schedulerName": "default-scheduler"}, *profiles]
         self.state["scheduler_config_source"] = source
-        if isinstance(extender, ExtenderSetup):
-            names = {p["schedulerName"] for p in config["profiles"]}
-            clash = [p["schedulerName"] for p in extender.profiles if p["schedulerName"] in names]
-            if clash:
-                raise HarnessError(f"{extender.source}: profile {clash[0]} is the harness's own")
-            config["profiles"] += [dict(p) for p in extender.profiles]
-            config["extenders"] = [dict(e) for e in extender.extenders]
-            self.state["scheduler_config_source"] = extender.source
-        elif extender == "tessera":
+        if extender == "tessera":
             config["extenders"] = [entry]
         elif extender != "none":
             # Another extender (the benchmark's no-op one) configured exactly like Tessera's.
@@ -961,7 +940,7 @@ class Cluster:
     def start_scheduler(
         self,
         binary: Path | None = None,
-        extender: str | ExtenderSetup | None = None,
+        extender: str | None = None,
         profile: dict[str, Any] | None = None,
     ) -> None:
         """Start kube-scheduler (again: the benchmark swaps extenders and profile settings
@@ -970,7 +949,7 @@ class Cluster:
         extender = extender or self.options.extender
         config_path = self.run_dir / "scheduler-config.yaml"
         config_path.write_text(json.dumps(self.scheduler_config(extender, profile), indent=2))
-        self.state["extender"] = extender if isinstance(extender, str) else extender.source
+        self.state["extender"] = extender
         kubeconfig = self.run_dir / "scheduler.kubeconfig"
         self._spawn(
             "kube-scheduler",

@@ -7,16 +7,20 @@ Everything HAMi's scheduler is told comes from HAMi's own chart, rendered with t
 in the benchmark's other set-ups, and kube-scheduler reaches the extender over loopback HTTP, as
 it reaches Tessera's sidecar):
 
-- kube-scheduler's extender entry and profile: the chart's KubeSchedulerConfiguration (its
-  `hami-scheduler` profile, filter and bind verbs, node names only, managed resources), with the
-  extender's URL pointed at this run's port;
+- a second kube-scheduler, as the chart runs one beside the cluster's own: the chart's
+  KubeSchedulerConfiguration (its `hami-scheduler` profile, filter and bind verbs, node names
+  only, managed resources), with the extender's URL pointed at this run's port and what a process
+  beside the harness needs instead of the chart's pod (the harness's kubeconfig for
+  kube-scheduler, no leader election, and the API client rate the harness's own kube-scheduler
+  has in (a) to (c), so that the extenders are what differs);
 - the extender's command line: the chart Deployment's `vgpu-scheduler-extender` container,
   except what a process beside the harness must be told instead (listen and metrics addresses on
   loopback, the device configuration's path, no leader election: the harness runs one of each
   scheduler, its kube-scheduler included), the chart's debug logging (`--debug -v=4`, its
   default extra arguments; kube-scheduler and Tessera log at their quiet defaults here too), and
-  its API client's rate limit: HAMi's default is client-go's 5 requests/s, which would ration its
-  five API calls per pod; it gets kube-scheduler's 1,000 instead;
+  its API client's rate limit, which the benchmark runs both ways: as shipped (client-go's
+  5 requests/s, burst 10: the chart sets no `--kube-qps`/`--kube-burst`), and raised to what
+  Tessera's client may do (`RAISED`);
 - the device configuration (`device-config.yaml`): the chart's ConfigMap, as written.
 
 HAMi's device plugin registers a node's cards in a node annotation, `hami.io/node-nvidia-register`:
@@ -47,15 +51,25 @@ from typing import Any
 import requests
 import yaml
 
-from e2e.cluster import Cluster, ExtenderSetup
+from e2e.cluster import Cluster
+from e2e.hami_plugin import READY
 from e2e.harness import E2E_DIR, HarnessError, build_binaries, load_versions
 from e2e.objects import Api
 from e2e.ports import free_port
+from e2e.processes import http_ok, probe_context
 
 COMPONENT = "hami-scheduler"
+KUBE_SCHEDULER = "hami-kube-scheduler"  # the chart's own kube-scheduler, beside the harness's
 PLUGIN = "hami-plugin"
 EXTENDER_CONTAINER = "vgpu-scheduler-extender"
 REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+# What HAMi's scheduler asks of each node it first sees (a GET and a PATCH per annotation) unless
+# a device plugin has answered already; written with the registration, as a running plugin's are.
+HANDSHAKE_ANNOTATIONS = tuple(
+    f"hami.io/node-handshake{suffix}" for suffix in ("", "-dcu", "-xpu", "-biren", "-va")
+)
+HANDSHAKE_ANSWERED = "Requesting_2000-01-01 00:00:00"
+ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
 # The chart's values that select its plain-HTTP variant (see the module docstring).
 CHART_VALUES = ("scheduler.admissionWebhook.enabled=false",)
 # Flags the harness sets itself (see the module docstring); the chart's values are dropped.
@@ -64,7 +78,10 @@ OVERRIDDEN = (
     "--leader-elect-resource-name", "--leader-elect-resource-namespace", "--debug", "-v",
     "--v", "--kube-qps", "--kube-burst",
 )  # fmt: skip
-KUBE_QPS, KUBE_BURST = 1000, 2000  # what the harness's kube-scheduler gets
+# Tessera's API client has no rate limit of its own; the most the harness gives any Go client
+# is its kube-scheduler's 1,000 requests/s, burst 2,000: HAMi's "raised" setting gets that.
+RAISED = (1000, 2000)
+SHIPPED = None  # client-go's defaults, 5 requests/s, burst 10, as the chart leaves them
 
 
 def binaries() -> dict[str, Path]:
@@ -77,7 +94,8 @@ def binaries() -> dict[str, Path]:
 class HamiChart:
     """What HAMi's rendered chart tells its scheduler (see the module docstring)."""
 
-    extender: dict[str, Any]  # kube-scheduler's extender entry
+    scheduler: dict[str, Any]  # the chart's KubeSchedulerConfiguration
+    extender: dict[str, Any]  # its extender entry
     profiles: tuple[dict[str, Any], ...]
     args: tuple[str, ...]  # the extender container's arguments, less its command
     env: dict[str, str]  # the container's plain-value environment
@@ -119,27 +137,48 @@ class HamiChart:
             )
         command = [*(container.get("command") or []), *(container.get("args") or [])]
         env = {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
-        return cls(binders[0], profiles, tuple(command[1:]), env, device_config, source)
+        return cls(scheduler, binders[0], profiles, tuple(command[1:]), env, device_config, source)
 
     @property
     def scheduler_name(self) -> str:
         return str(self.profiles[0]["schedulerName"])
 
-    def scheduler_setup(self, url: str) -> ExtenderSetup:
-        """kube-scheduler's part: the chart's extender entry at `url`, the chart's profiles."""
-        return ExtenderSetup(({**self.extender, "urlPrefix": url},), self.profiles, self.source)
+    def scheduler_config(
+        self, url: str, kubeconfig: Path, client: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The chart's KubeSchedulerConfiguration for a kube-scheduler beside the harness: its
+        extender at `url`, `kubeconfig` and the rate `client` (qps, burst) for its API client,
+        no leader election; the rest as the chart renders it."""
+        config = json.loads(json.dumps(self.scheduler))
+        config["clientConnection"] = {
+            **(config.get("clientConnection") or {}),
+            **client,
+            "kubeconfig": str(kubeconfig),
+        }
+        config["leaderElection"] = {"leaderElect": False}
+        config["extenders"] = [
+            {**e, "urlPrefix": url} if e.get("bindVerb") else e for e in config["extenders"]
+        ]
+        return config
 
-    def command_line(self, http_bind: str, metrics_bind: str, device_config: Path) -> list[str]:
-        """The chart's arguments, less those in OVERRIDDEN, then the harness's own."""
+    def command_line(
+        self,
+        http_bind: str,
+        metrics_bind: str,
+        device_config: Path,
+        client: tuple[int, int] | None,
+    ) -> list[str]:
+        """The chart's arguments, less those in OVERRIDDEN, then the harness's own; `client`:
+        the API client's (qps, burst), None for HAMi's defaults."""
         kept = [a for a in self.args if a.split("=", 1)[0] not in OVERRIDDEN]
+        limits = [f"--kube-qps={client[0]}", f"--kube-burst={client[1]}"] if client else []
         return [
             *kept,
             f"--http_bind={http_bind}",
             f"--metrics-bind-address={metrics_bind}",
             f"--device-config-file={device_config}",
             "--leader-elect=false",
-            f"--kube-qps={KUBE_QPS}",
-            f"--kube-burst={KUBE_BURST}",
+            *limits,
         ]
 
     def device_settings(self) -> dict[str, Any]:
@@ -197,9 +236,23 @@ def registered_cards(metrics: str) -> int:
     )
 
 
+def allocated_devices(value: str) -> list[tuple[str, int, int]]:
+    """(card UUID, MiB, cores %) of each device in a pod's `hami.io/vgpu-devices-allocated`:
+    containers apart by ";", a container's devices by ":", a device "UUID,type,MiB,cores"."""
+    devices = []
+    for container in value.split(";"):
+        for device in container.split(":"):
+            if device:
+                uuid, _model, memory, cores = device.split(",")
+                devices.append((uuid, int(memory), int(cores)))
+    return devices
+
+
 class Hami:
-    """HAMi's scheduler and the device plugin's stand-in on one harness cluster: `start()`,
-    `register_nodes()` before or after, then `stop()` whatever happened."""
+    """HAMi's scheduler, its kube-scheduler and the device plugin's stand-in on one harness
+    cluster: `register_nodes()`, then per run `start()` (the plugin's stand-in and the
+    extender, ready once it has registered the cards), `start_scheduler()` (the chart's
+    kube-scheduler), and `stop()` whatever happened."""
 
     def __init__(self, cluster: Cluster, found: dict[str, Path]) -> None:
         self.cluster = cluster
@@ -207,7 +260,7 @@ class Hami:
         self.chart = render_chart(found["helm"], self.binary.parent / "chart")
         self.home = cluster.run_dir / "hami"
         taken = set(cluster.ports.values())
-        self.ports = {name: free_port(taken) for name in ("http", "metrics")}
+        self.ports = {name: free_port(taken) for name in ("http", "metrics", KUBE_SCHEDULER)}
 
     @property
     def url(self) -> str:
@@ -217,19 +270,22 @@ class Hami:
     def scheduler_name(self) -> str:
         return self.chart.scheduler_name
 
-    def scheduler_setup(self) -> ExtenderSetup:
-        return self.chart.scheduler_setup(self.url)
+    @property
+    def scheduler_port(self) -> int:
+        """The secure port of HAMi's kube-scheduler (its /metrics, /healthz)."""
+        return self.ports[KUBE_SCHEDULER]
 
     def register_nodes(self, api: Api, inventories: dict[str, dict[str, Any]]) -> None:
-        """Write each node's card registration, as HAMi's device plugin would."""
+        """Write each node's card registration and handshake, as HAMi's device plugin would."""
         settings = self.chart.device_settings()
+        handshake = dict.fromkeys(HANDSHAKE_ANNOTATIONS, HANDSHAKE_ANSWERED)
 
         def patch(item: tuple[str, dict[str, Any]]) -> None:
             name, inventory = item
-            value = register_annotation(inventory["cards"], settings)
+            annotations = {REGISTER_ANNOTATION: register_annotation(inventory["cards"], settings)}
             response = api.session().patch(
                 f"{api.base}/api/v1/nodes/{name}",
-                data=json.dumps({"metadata": {"annotations": {REGISTER_ANNOTATION: value}}}),
+                data=json.dumps({"metadata": {"annotations": {**annotations, **handshake}}}),
                 headers={"Content-Type": "application/merge-patch+json"},
                 timeout=60,
             )
@@ -239,22 +295,21 @@ class Hami:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(patch, inventories.items()))
 
-    def start(self, cards: int, timeout: float = 180) -> None:
-        """The plugin's stand-in, then the scheduler, ready once it has registered `cards`."""
+    def start(self, cards: int, client: tuple[int, int] | None, timeout: float = 180) -> None:
+        """The plugin's stand-in, then the extender with API client limits `client` (None:
+        HAMi's defaults), ready once it has registered `cards`."""
         try:
-            self._start(cards, timeout)
+            self._start(cards, client, timeout)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, cards: int, timeout: float) -> None:
+    def _start(self, cards: int, client: tuple[int, int] | None, timeout: float) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         device_config = self.home / "device-config.yaml"
         device_config.write_text(self.chart.device_config)
         pki = self.cluster.pki
         plugin_log = self.cluster.logs / f"{PLUGIN}.log"
-        from e2e.hami_plugin import READY
-
         self.cluster.start_component(
             PLUGIN,
             [
@@ -270,7 +325,7 @@ class Hami:
             str(self.binary),
             *self.chart.command_line(
                 f"127.0.0.1:{self.ports['http']}", f"127.0.0.1:{self.ports['metrics']}",
-                device_config,
+                device_config, client,
             ),
         ]  # fmt: skip
         env = {**self.chart.env, "KUBECONFIG": str(self.cluster.kubeconfig)}
@@ -295,6 +350,31 @@ class Hami:
             f"(log: {self.cluster.logs / (COMPONENT + '.log')})"
         )
 
+    def start_scheduler(self) -> None:
+        """The chart's kube-scheduler (the harness's pinned binary), with the harness's
+        scheduler identity and the API client rate of the harness's own kube-scheduler."""
+        harness = self.cluster.scheduler_config("none")["clientConnection"]
+        client = {key: harness[key] for key in ("qps", "burst")}
+        kubeconfig = self.cluster.run_dir / "scheduler.kubeconfig"
+        config_path = self.home / "scheduler-config.yaml"
+        config_path.write_text(
+            json.dumps(self.chart.scheduler_config(self.url, kubeconfig, client), indent=2)
+        )
+        port = self.ports[KUBE_SCHEDULER]
+        url = f"https://127.0.0.1:{port}/healthz"
+        insecure = probe_context()  # its self-signed serving certificate
+        self.cluster.start_component(
+            KUBE_SCHEDULER,
+            [
+                self.cluster.state["binaries"]["kube-scheduler"], f"--config={config_path}",
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--v=1",
+            ],
+            probe=lambda: http_ok(url, insecure, lambda b: b"ok" in b),
+            what=f"GET {url}",
+        )  # fmt: skip
+
     @staticmethod
     def _registered(url: str) -> int:
         try:
@@ -310,5 +390,6 @@ class Hami:
         return lines[-1] if lines else f"(no releases reported in {path} yet)"
 
     def stop(self) -> None:
+        self.cluster.stop_component(KUBE_SCHEDULER)
         self.cluster.stop_component(COMPONENT)
         self.cluster.stop_component(PLUGIN)

@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from e2e.cluster import Cluster, ExtenderSetup, Options
-from e2e.hami import HamiChart, register_annotation, registered_cards
+from e2e.hami import HamiChart, allocated_devices, register_annotation, registered_cards
 from e2e.hami_plugin import NODE_LOCK, lock_held_by, release_patch, waiting_for_allocation
 from e2e.harness import HarnessError
 from e2e.objects import inventory
@@ -84,24 +82,30 @@ def manifests() -> list[dict[str, Any]]:
     ]
 
 
-def test_the_chart_gives_kube_scheduler_its_extender_and_profile_at_the_runs_url() -> None:
+def test_hamis_kube_scheduler_runs_the_charts_configuration_at_the_runs_url() -> None:
     chart = HamiChart.from_manifests(manifests(), "test chart")
-    setup = chart.scheduler_setup("http://127.0.0.1:4242")
+    client = {"qps": 1000, "burst": 2000}
+    config = chart.scheduler_config("http://127.0.0.1:4242", Path("/run/s.kubeconfig"), client)
     assert chart.scheduler_name == "hami-scheduler"
-    assert [e["urlPrefix"] for e in setup.extenders] == ["http://127.0.0.1:4242"]
-    entry = setup.extenders[0]
+    assert [p["schedulerName"] for p in config["profiles"]] == ["hami-scheduler"]
+    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:4242"]
+    entry = config["extenders"][0]
     assert (entry["filterVerb"], entry["bindVerb"], entry["nodeCacheCapable"]) == (
         "filter",
         "bind",
         True,
     )
     assert "prioritizeVerb" not in entry  # nothing the chart does not say
+    assert config["clientConnection"] == {**client, "kubeconfig": "/run/s.kubeconfig"}
+    assert config["leaderElection"] == {"leaderElect": False}  # the chart's says true
+    assert chart.scheduler["extenders"][0]["urlPrefix"] == "http://127.0.0.1:80"  # a copy
     assert chart.env == {"HAMI_NODELOCK_EXPIRE": "5m"}  # plain values only
 
 
 def test_the_command_line_keeps_the_charts_policy_and_replaces_what_the_harness_owns() -> None:
     chart = HamiChart.from_manifests(manifests(), "test chart")
-    argv = chart.command_line("127.0.0.1:1", "127.0.0.1:2", Path("/run/device-config.yaml"))
+    device_config = Path("/run/device-config.yaml")
+    argv = chart.command_line("127.0.0.1:1", "127.0.0.1:2", device_config, (1000, 2000))
     assert "--node-scheduler-policy=binpack" in argv
     assert "--scheduler-name=hami-scheduler" in argv
     assert "--http_bind=127.0.0.1:1" in argv and "--http_bind=0.0.0.0:80" not in argv
@@ -110,9 +114,11 @@ def test_the_command_line_keeps_the_charts_policy_and_replaces_what_the_harness_
     assert "--leader-elect=false" in argv and "--leader-elect=true" not in argv
     assert not any(a.startswith("--leader-elect-resource") for a in argv)
     assert "--debug" not in argv and "-v=4" not in argv
-    assert "--kube-qps=1000" in argv
+    assert "--kube-qps=1000" in argv and "--kube-burst=2000" in argv
     flags = [a.split("=", 1)[0] for a in argv]
     assert len(flags) == len(set(flags)), argv  # every flag once
+    shipped = chart.command_line("127.0.0.1:1", "127.0.0.1:2", device_config, None)
+    assert not any(a.startswith(("--kube-qps", "--kube-burst")) for a in shipped)
 
 
 @pytest.mark.parametrize("missing", [0, 1, 2])
@@ -175,17 +181,7 @@ def test_only_a_bound_pod_in_the_allocating_phase_waits_for_the_plugin() -> None
     assert not waiting_for_allocation(pod("kwok-gpu-0001", None))
 
 
-def test_another_schedulers_setup_replaces_the_extenders_and_adds_its_profile(
-    tmp_path: Path,
-) -> None:
-    cluster = Cluster(Options(run_dir=tmp_path))
-    cluster.state["ports"] = {"extender": 8001}  # what `up` would have chosen
-    setup = HamiChart.from_manifests(manifests(), "test chart").scheduler_setup("http://x:1")
-    config = cluster.scheduler_config(setup)
-    names = [p["schedulerName"] for p in config["profiles"]]
-    assert names == ["default-scheduler", "tessera-scheduler", "hami-scheduler"]
-    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://x:1"]
-    assert yaml.safe_load(json.dumps(config))["extenders"][0]["bindVerb"] == "bind"
-    clash = ExtenderSetup(setup.extenders, ({"schedulerName": "tessera-scheduler"},), "theirs")
-    with pytest.raises(HarnessError, match="theirs: profile tessera-scheduler"):
-        cluster.scheduler_config(clash)
+def test_hamis_allocation_annotation_reads_as_card_memory_and_cores() -> None:
+    value = "GPU-a,NVIDIA-A100,1000,5:GPU-b,NVIDIA-A100,2000,10:;GPU-c,NVIDIA-A100,300,0:;"
+    assert allocated_devices(value) == [("GPU-a", 1000, 5), ("GPU-b", 2000, 10), ("GPU-c", 300, 0)]
+    assert allocated_devices("") == []
