@@ -170,16 +170,16 @@ def pod_devices(raw: dict[str, Any]) -> list[tuple[str, int, int]]:
     return pod_view(raw).devices()
 
 
-def check_round(
-    api: Api, namespace: str, created: set[str], nodes_seen: dict[str, set[str]]
+def round_faults(
+    pods: list[dict[str, Any]], created: set[str], nodes_seen: dict[str, set[str]]
 ) -> tuple[int, list[str], list[str], list[str]]:
-    """After a set-up's round: cards over their memory, compute or slots (by the devices its
-    bound pods were given), pods bound twice (seen on two nodes), pods lost (created, and not
-    bound or gone)."""
-    items = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    """After a set-up's round, from its namespace's `pods`: how many cards its bound pods were
+    given devices on (none in (a) and (b), where no card is chosen), the cards over their memory,
+    compute or slots by those devices, the pods bound twice (seen on two nodes), and the pods
+    lost (created, and not bound or gone)."""
     totals: dict[str, list[int]] = {}
     bound = set()
-    for raw in items:
+    for raw in pods:
         if not (raw.get("spec") or {}).get("nodeName"):
             continue
         bound.add(raw["metadata"]["name"])
@@ -383,7 +383,7 @@ def run_phase(
     then runs instead of the harness's.
     Burst: then `burst` pods created at once (a thread each) onto the nodes labelled
     BURST_LABEL, while the scheduler runs: seconds from the first create to the last binding.
-    Last, the round's checks (`check_round`), printed and counted in `faults`.
+    Last, the round's checks (`round_faults`), printed and counted in `faults`.
     """
     cluster.stop_component("kube-scheduler")
     api.post("/api/v1/namespaces", objects.namespace(namespace, webhook=webhook))
@@ -455,7 +455,8 @@ def run_phase(
         wait_bound(names)
         if all(n in bound for n in names):
             bursts.append(max(bound[n] for n in names) - burst_began)
-    cards_used, over, doubled, lost = check_round(api, namespace, set(created), nodes_seen)
+    items = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    cards_used, over, doubled, lost = round_faults(items, set(created), nodes_seen)
     stop.set()
     latencies = sorted(
         max(0.0, bound[n] - created[n]) * 1000 for n in stream if n in bound and n in created
