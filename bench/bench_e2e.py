@@ -12,19 +12,24 @@ same kube-scheduler binary and profile (`tessera-scheduler`) is run three times,
   (b) a no-op extender (e2e/noop_extender.py) configured exactly like Tessera: filter keeps every
       node, prioritize scores 0, bind creates the Binding — the cost of "an extender at all";
   (c) Tessera's extender and its admission webhook;
-  (d) HAMi's scheduler extender (e2e/hami.py), configured from HAMi's own chart, the kwok nodes'
-      cards registered in the node annotation HAMi's device plugin writes, and the plugin's part
-      after a bind (allocate, release HAMi's node lock) done the moment the binding shows
-      (e2e/hami_plugin.py: HAMi's best case). e2e/build.sh builds HAMi's scheduler from its
-      source tarball in shared/peers/hami/ beside the checkout (e2e/versions.env says why the Go
-      module proxy cannot serve it); without the tarball the run says that (d) was left out.
+  (d) HAMi's scheduler extender and its own kube-scheduler (e2e/hami.py), configured from HAMi's
+      own chart, the kwok nodes' cards registered in the node annotation HAMi's device plugin
+      writes, and the plugin's part after a bind (allocate, release HAMi's node lock) done the
+      moment the binding shows (e2e/hami_plugin.py: HAMi's best case); run twice, with HAMi's
+      API client as shipped (5 requests/s, burst 10) and raised (key `dr`; `--only d` runs
+      both). e2e/build.sh builds HAMi's scheduler from its source tarball in shared/peers/hami/
+      beside the checkout (e2e/versions.env says why the Go module proxy cannot serve it);
+      without the tarball the run says that (d) was left out.
 
 For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
 then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
 slower than kube-scheduler, so pods created while it runs would measure the client), and
 latency, p50/p99 from a pod's creation (the create call returning) to its binding (seen on a
-watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs. Then the ratios
-(c)/(b), (c)/(a) and (c)/(d) of throughput, and (c)/(b) and (c)/(d) of p99 latency. Each round
+watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs; for (c) and (d),
+then a burst: `--burst` pods created at once onto `--burst-nodes` nodes, seconds until all are
+bound. After every round, its checks: cards over their memory, compute or slots, pods bound
+twice, pods lost. Then the ratios (c)/(b), (c)/(a) of throughput, (c)/(b) of p99 latency, and
+(c)/(d) of throughput, p50, p99, CPU per pod and the burst. Each round
 prints the machine's load averages before its backlog and the CPU the machine spent outside the
 harness during it (`other`), so a round run on a busy machine shows as one. Each set-up gets a
 fresh namespace; a set-up's pods are deleted (and the cluster left to settle) before the next
