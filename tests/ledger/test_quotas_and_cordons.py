@@ -6,7 +6,7 @@ import pytest
 
 from controlplane.ledger.errors import Conflict, NotFound, ServiceError
 from controlplane.ledger.models import AuditEvent, Card, NamespaceQuota, Node
-from controlplane.ledger.services import cordons, quotas
+from controlplane.ledger.services import cordons, nodes, quotas
 from controlplane.ledger.services.quotas import QuotaLimitsInput
 from tests.builders import make_node
 
@@ -67,9 +67,11 @@ def test_delete_quota() -> None:
 
 def test_cordons_are_audited_only_when_they_change() -> None:
     make_node("n1", cards=1)
-    cordons.set_node_cordon("n1", True, "ann", "drain")
-    cordons.set_node_cordon("n1", True, "ann")
-    cordons.set_card_cordon("GPU-n1-0", True, "bob")
+    first = cordons.set_node_cordon("n1", True, "ann", "drain")
+    assert first == cordons.Cordon("node", "n1", "n1", cordoned=True, changed=True)
+    assert not cordons.set_node_cordon("n1", True, "ann").changed
+    card = cordons.set_card_cordon("GPU-n1-0", True, "bob")
+    assert card == cordons.Cordon("card", "GPU-n1-0", "n1", cordoned=True, changed=True)
     cordons.set_card_cordon("GPU-n1-0", False, "bob")
     assert Node.objects.get().cordoned and not Card.objects.get().cordoned
     events = list(
@@ -86,3 +88,18 @@ def test_cordons_are_audited_only_when_they_change() -> None:
         cordons.set_node_cordon("n9", True, "ann")
     with pytest.raises(NotFound):
         cordons.set_card_cordon("GPU-none", True, "ann")
+
+
+def test_card_slots_return_before_and_after_and_are_audited_only_when_they_change() -> None:
+    make_node("n1", cards=1)
+    before = Card.objects.get().slots
+    changed = nodes.set_card_slots("GPU-n1-0", 3, "ann")
+    assert changed == nodes.CardSlots("GPU-n1-0", "n1", before, 3)
+    assert nodes.set_card_slots("GPU-n1-0", 3, "ann") == nodes.CardSlots("GPU-n1-0", "n1", 3, 3)
+    assert Card.objects.get().slots == 3
+    events = AuditEvent.objects.filter(action="card-slots").values_list("details", flat=True)
+    assert [(e["before"], e["after"]) for e in events] == [(before, 3)]
+    with pytest.raises(ServiceError):
+        nodes.set_card_slots("GPU-n1-0", 0, "ann")
+    with pytest.raises(NotFound):
+        nodes.set_card_slots("GPU-none", 2, "ann")

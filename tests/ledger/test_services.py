@@ -104,7 +104,9 @@ def test_confirm_moves_reserved_to_bound_once() -> None:
     make_node("n1", cards=1)
     bindings.bind_pod(request_for("p", gpu_container(mem=1000)), "n1")
     bound = bindings.confirm_binding("uid-default-p")
-    assert bound.phase == PodBinding.Phase.BOUND and bound.deadline is None
+    assert (bound.pod_uid, bound.node, bound.phase) == ("uid-default-p", "n1", "bound")
+    assert PodBinding.objects.get(pod_uid="uid-default-p").deadline is None
+    assert bound.bound_at is not None
     assert bindings.confirm_binding("uid-default-p").bound_at == bound.bound_at
     bindings.release_binding("uid-default-p", "done")
     with pytest.raises(errors.Conflict):
@@ -151,8 +153,9 @@ def test_failed_binding_can_be_retried_on_another_node() -> None:
     bindings.bind_pod(req, "n1")
     failed = bindings.release_binding(req.uid, "API server refused", failed=True)
     assert failed is not None and failed.phase == PodBinding.Phase.FAILED
+    assert failed.reason == "API server refused" and failed.released_at is not None
     retried = bindings.bind_pod(req, "n2")
-    assert retried.binding_id == failed.pk and retried.node == "n2" and not retried.repeat
+    assert retried.binding_id == failed.binding_id and retried.node == "n2" and not retried.repeat
     row = PodBinding.objects.get(pk=retried.binding_id)
     assert row.node.name == "n2"
     assert list(row.slices.filter(active=True).values_list("card__node__name", flat=True)) == ["n2"]

@@ -129,8 +129,9 @@ def test_adopting_a_signed_record_keeps_sidecar_and_priority() -> None:
         ]
     )
     assert [(c.sidecar, c.priority) for c in verified.containers] == [(True, 1), (False, None)]
-    binding = bindings.adopt_binding(verified, "test")
-    binding = PodBinding.objects.select_related("node").get(pk=binding.pk)
+    adopted = bindings.adopt_binding(verified, "test")
+    assert (adopted.node, adopted.phase) == ("n1", "bound")
+    binding = PodBinding.objects.select_related("node").get(pk=adopted.binding_id)
     assert selectors.allocation_of(binding) == record
     # held beside the app container: 3000 + 2000
     assert usage.quota_usage("default").memory_mib == 5000

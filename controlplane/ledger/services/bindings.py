@@ -95,12 +95,26 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class BindingPhase:
-    """A binding after a node plugin's report: whose it is and the phase it is in."""
+    """A binding after a change of its phase (a confirmation, a release, a node plugin's report,
+    an adoption): whose it is, where, the phase it is in and when it moved."""
 
+    binding_id: int
     pod_uid: str
     namespace: str
     name: str
+    node: str  # blank when the node has left the ledger
     phase: str
+    reason: str
+    bound_at: datetime | None
+    released_at: datetime | None
+
+    @classmethod
+    def of(cls, binding: PodBinding) -> BindingPhase:
+        node = binding.node.name if binding.node_id is not None else ""
+        return cls(
+            binding.pk, binding.pod_uid, binding.namespace, binding.name, node,
+            str(binding.phase), binding.reason, binding.bound_at, binding.released_at,
+        )  # fmt: skip
 
 
 def bind_pod(request: PodRequest, node_name: str) -> Reservation:
@@ -303,11 +317,11 @@ def confirm_bindings(confirmations: Sequence[tuple[str, datetime]]) -> int:
     return sql.confirm(confirmations)
 
 
-def confirm_binding(pod_uid: str) -> PodBinding:
+def confirm_binding(pod_uid: str) -> BindingPhase:
     """One pod's Binding is known to be accepted: reserved -> bound; repeating it changes
     nothing. Conflict when the binding has ended, NotFound when there is none."""
     sql.confirm([(pod_uid, timezone.now())])
-    binding = PodBinding.objects.filter(pod_uid=pod_uid).first()
+    binding = PodBinding.objects.select_related("node").filter(pod_uid=pod_uid).first()
     if binding is None:
         raise NotFound(f"no binding for pod UID {pod_uid}", field="pod_uid")
     if binding.phase not in (Phase.BOUND, Phase.ALLOCATED):
@@ -315,7 +329,7 @@ def confirm_binding(pod_uid: str) -> PodBinding:
             f"binding of pod UID {pod_uid} is {binding.phase}; only a reservation can be confirmed",
             field="pod_uid",
         )
-    return binding
+    return BindingPhase.of(binding)
 
 
 @transaction.atomic(durable=True)
@@ -347,15 +361,27 @@ def _audited(
 # --- releases ------------------------------------------------------------------------------------
 
 
+def _locked_binding(pod_uid: str) -> PodBinding | None:
+    """The pod's binding with its node, its row locked (not the node's) until the commit."""
+    return (
+        PodBinding.objects.select_for_update(of=("self",))
+        .select_related("node")
+        .filter(pod_uid=pod_uid)
+        .first()
+    )
+
+
 @transaction.atomic
-def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBinding | None:
+def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> BindingPhase | None:
     """Free a binding's slices: the pod ended (released) or its bind failed (failed).
 
     Idempotent: releasing an unknown or already released binding returns it unchanged (or None).
     """
-    binding = PodBinding.objects.select_for_update().filter(pod_uid=pod_uid).first()
-    if binding is None or not binding.active:
-        return binding
+    binding = _locked_binding(pod_uid)
+    if binding is None:
+        return None
+    if not binding.active:
+        return BindingPhase.of(binding)
     binding.phase = Phase.FAILED if failed else Phase.RELEASED
     binding.reason = reason[:2000]
     binding.released_at = timezone.now()
@@ -363,7 +389,7 @@ def release_binding(pod_uid: str, reason: str, *, failed: bool = False) -> PodBi
     binding.save(update_fields=["phase", "reason", "released_at", "deadline"])
     binding.slices.filter(active=True).update(active=False)
     modes.apply_after_release([binding.pk])
-    return binding
+    return BindingPhase.of(binding)
 
 
 @transaction.atomic(durable=True)
@@ -413,12 +439,7 @@ def mark_allocated(
     """A node plugin reports that a container really got `devices`: the binding becomes
     `allocated`. `node` (for node identities) must be the binding's node. Repeating it with the
     same devices changes nothing; different devices are a Conflict and change nothing."""
-    binding = (
-        PodBinding.objects.select_for_update(of=("self",))
-        .select_related("node")
-        .filter(pod_uid=pod_uid)
-        .first()
-    )
+    binding = _locked_binding(pod_uid)
     if binding is None:
         raise NotFound(f"no binding for pod UID {pod_uid}", field="pod_uid")
     node_name = binding.node.name if binding.node else None
@@ -458,14 +479,14 @@ def mark_allocated(
         record_event(
             actor, "allocated", "binding", pod_uid, container=container_name, devices=ledger
         )
-    return BindingPhase(binding.pod_uid, binding.namespace, binding.name, str(binding.phase))
+    return BindingPhase.of(binding)
 
 
 # --- adopting what the ledger lacks -------------------------------------------------------------
 
 
 @transaction.atomic(durable=True)
-def adopt_binding(record: allocation.Allocation, actor: str) -> PodBinding:
+def adopt_binding(record: allocation.Allocation, actor: str) -> BindingPhase:
     """Record a running pod's signed allocation that the ledger lacks (e.g. a restored database).
 
     The pod already runs on those cards, so this records the fact even when the card is now
@@ -479,9 +500,9 @@ def adopt_binding(record: allocation.Allocation, actor: str) -> PodBinding:
     if len(cards) != len(uuids):
         missing = sorted(uuids - set(cards))
         raise NotFound(f"cards {', '.join(missing)} are not on node {node.name}")
-    existing = PodBinding.objects.filter(pod_uid=record.pod_uid).first()
+    existing = PodBinding.objects.select_related("node").filter(pod_uid=record.pod_uid).first()
     if existing is not None:
-        return existing  # adopted meanwhile
+        return BindingPhase.of(existing)  # adopted meanwhile
     now = timezone.now()
     binding = PodBinding.objects.create(
         pod_uid=record.pod_uid,
@@ -518,4 +539,4 @@ def adopt_binding(record: allocation.Allocation, actor: str) -> PodBinding:
         node=node.name,
         overcommitted_cards=over,
     )
-    return binding
+    return BindingPhase.of(binding)

@@ -366,17 +366,28 @@ def lock_card(uuid: str) -> Card:
     return Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
 
 
+@dataclass(frozen=True, slots=True)
+class CardSlots:
+    """A card after `set_card_slots`: the slots it had and the slots it has."""
+
+    uuid: str
+    node: str
+    before: int
+    slots: int
+
+
 @transaction.atomic(durable=True)
-def set_card_slots(uuid: str, slots: int, actor: str) -> Card:
+def set_card_slots(uuid: str, slots: int, actor: str) -> CardSlots:
     """How many slices the card may hold at once. Audited when it changes; taking slots away
     below what the card holds now leaves those slices alone and places nothing new there.
     Locks the card's node first, as bind does."""
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
         raise ServiceError(f"slots: give a whole number from 1 to {MAX_SLOTS}", field="slots")
     card = lock_card(uuid)
-    if card.slots != slots:
-        before, card.slots = card.slots, slots
+    before = card.slots
+    if before != slots:
+        card.slots = slots
         card.save(update_fields=["slots"])
         record_event(actor, "card-slots", "card", uuid, node=card.node.name, before=before,
                      after=slots)  # fmt: skip
-    return card
+    return CardSlots(uuid, card.node.name, before, slots)
