@@ -296,8 +296,8 @@ def cpu_spent(
     """CPU seconds per component between two `cpu_by_process` readings, process by process
     (a database connection closed meanwhile takes its earlier CPU with it, so component totals
     cannot simply be subtracted); what the machine spent beyond them is `other`, which includes
-    processes that exited before the second reading (database connections past Django's
-    CONN_MAX_AGE in a long backlog)."""
+    processes that exited before the second reading (database connections the pool closed
+    after a minute idle in a long backlog)."""
     spent: dict[str, float] = {}
     for pid, (name, seconds) in after.items():
         earlier = before.get(pid)

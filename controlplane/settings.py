@@ -11,6 +11,7 @@ Environment variables (all optional):
   TESSERA_ALLOWED_HOSTS  comma list                          (default: 127.0.0.1,localhost,[::1])
   DATABASE_URL           e.g. postgres://user:pw@host:5432/db (default: sqlite:///.local/tessera.sqlite3)
   TESSERA_DB_SERVER_SIDE_BINDING  PostgreSQL: 1 (default) prepared statements; 0: old PgBouncer
+  TESSERA_DB_POOL_MAX    PostgreSQL: connections one process's pool may open (default: 32)
   REDIS_URL              Celery broker / locks               (default: redis://127.0.0.1:6379/0)
   TESSERA_KUBE_MODE      auto | kubeconfig | incluster | embedded   (default: auto)
   KUBECONFIG             kubeconfig path for mode kubeconfig (auto picks it when it exists)
@@ -252,12 +253,12 @@ if DATABASE_URL.split(":", 1)[0] not in {"sqlite", "postgres", "postgresql", "pg
         f"DATABASE_URL scheme {DATABASE_URL.split(':', 1)[0]!r} is not supported: "
         "use sqlite:///path or postgres://user:password@host:port/name"
     )
-# Connections are kept for a minute between requests, and checked (one `SELECT 1`) before a
-# request reuses one: a database restart or failover ends them all, and without the check each
-# thread's next request would fail on its dead connection (a webhook refusal, a failed scheduling
-# cycle, an error page) before Django noticed and opened a new one.
+# A request holds a connection only while it runs (CONN_MAX_AGE 0: PostgreSQL's pool, below,
+# requires it), and a connection is checked before a request uses one: a database restart or
+# failover ends them all, and without the check the next request would fail on a dead connection
+# (a webhook refusal, a failed scheduling cycle, an error page) before Django noticed.
 DATABASES = {
-    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several threads/processes (gunicorn workers, the demo) share the file: wait for locks
@@ -270,7 +271,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Parameters bound by the server (not interpolated into the SQL text by psycopg), so the
@@ -281,8 +281,24 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # sake; without it every statement is parsed and planned anew, which was
     # about half the database server's CPU per scheduled pod. psycopg's own threshold: 5 runs.
     prepared = env_bool("TESSERA_DB_SERVER_SIDE_BINDING", True)
+    # Django's connection pool (psycopg_pool), one per process: a request takes a connection and
+    # gives it back when it ends; the backend checks it at checkout (controlplane/pgpool: what
+    # CONN_HEALTH_CHECKS would install finds a restarted server's dead connections one backoff
+    # step at a time). Connections stay open in the pool between requests, their prepared statements with them;
+    # past one, a connection idle for a minute is closed. No thread holds a connection between
+    # requests, so a thread an app server ends (granian ends idle blocking threads of the
+    # extender sidecar) leaves none open behind it. `max_size` bounds one process's connections:
+    # above the threads of the busiest process that use the database at once (the sidecar's 16
+    # request threads and its background writers); a request past it waits for one.
+    DATABASES["default"]["ENGINE"] = "controlplane.pgpool"
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    pool = {
+        "min_size": 1,
+        "max_size": env_int("TESSERA_DB_POOL_MAX", 32, low=2, high=1000),
+        "max_idle": 60.0,
+    }
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        server_side_binding=prepared, prepare_threshold=5 if prepared else None
+        server_side_binding=prepared, prepare_threshold=5 if prepared else None, pool=pool
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,9 +1,7 @@
 """WSGI entry point for the production app servers (gunicorn controlplane.wsgi; granian
 controlplane.wsgi:application for the scheduler's extender sidecar).
 
-The extender's four verbs skip Django's middleware (controlplane/extender/fastpath.py); every
-request ties its thread's database connections to the thread's life, since granian ends idle
-threads (controlplane/threadconns.py)."""
+The extender's four verbs skip Django's middleware (controlplane/extender/fastpath.py)."""
 
 import os
 
@@ -13,6 +11,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 application = get_wsgi_application()
 
 from controlplane.extender.fastpath import ExtenderFastPath  # noqa: E402 - needs the apps loaded
-from controlplane.threadconns import ClosedWithThread  # noqa: E402
 
-application = ClosedWithThread(ExtenderFastPath(application))
+application = ExtenderFastPath(application)

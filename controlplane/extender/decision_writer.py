@@ -142,10 +142,11 @@ class DecisionWriter:
 
     def _handle(self, batch: list[Item]) -> None:
         """The worker's batch (empty when a hold ended): write it, and what is due."""
-        # Each batch is this thread's "request": its kept connection is checked before the
-        # batch uses it (CONN_HEALTH_CHECKS) and replaced when the database ended it (a
-        # restart, a failover), rather than failing the batch and dropping its entries. A
-        # batch that fails all the same is dropped (diagnostics only), and the worker goes on.
+        # Each batch is this thread's "request": the connection the last batch took goes back
+        # (to PostgreSQL's pool), and the batch takes one the backend checked (controlplane/
+        # pgpool), a new one when the database ended the old (a restart, a failover), rather
+        # than failing the batch and dropping its entries. A batch that fails all the same is
+        # dropped (diagnostics only), and the worker goes on.
         close_old_connections()
         self._write(batch, hold=True)
         due = self._release_due(time.monotonic())
