@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 import urllib3
 
@@ -260,7 +261,7 @@ def watch_bindings(
 
 def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:
     """pid -> (component, CPU seconds so far, user + system), for the harness's processes and
-    the machine (pid 0: every CPU's busy time, from /proc/stat).
+    the machine (pid 0: every CPU's busy time).
 
     Every component runs in a session of its own (the harness starts it with a new session), so
     a process's session id names its component; this process (the benchmark's clients) is
@@ -269,24 +270,20 @@ def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:
         int(info["pid"]): name for name, info in cluster.state.get("components", {}).items()
     }
     sessions[os.getsid(0)] = "bench"
-    tick = os.sysconf("SC_CLK_TCK")
     used: dict[int, tuple[str, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
         try:
-            stat = (entry / "stat").read_text()
+            name = sessions.get(os.getsid(proc.pid))
         except OSError:
             continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        name = sessions.get(int(fields[3]))  # field 6, session id
-        if name is None and stat[stat.index("(") + 1 : stat.rindex(")")] == "postgres":
+        if name is None and proc.info["name"] == "postgres":
             name = "postgresql"  # the control plane's database server (and anyone else's)
-        if name:
-            used[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
-    with open("/proc/stat") as stat_file:  # the whole machine: user, nice, system, irq, softirq
-        cpu = stat_file.readline().split()
-    used[0] = ("machine", sum(int(cpu[i]) for i in (1, 2, 3, 6, 7)) / tick)
+        if name and times is not None:
+            used[proc.pid] = (name, times.user + times.system)
+    machine = psutil.cpu_times()  # every CPU: user, nice, system, irq, softirq
+    busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+    used[0] = ("machine", busy)
     return used
 
 

@@ -401,7 +401,8 @@ def settings_from(parser: argparse.ArgumentParser, option: str, items: list[str]
 
 def group_memory_mib(pgid: int) -> tuple[float, float, int]:
     """RSS now and peak RSS (VmHWM) summed over the processes of group `pgid` (the sidecar's
-    server and its workers), in MiB, and how many there are: read from /proc."""
+    server and its workers), in MiB, and how many there are: read from /proc, since psutil
+    reports no peak RSS."""
     now = peak = 0.0
     count = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):

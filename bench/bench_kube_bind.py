@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import statistics
 import sys
@@ -33,33 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from e2e import cluster as harness  # noqa: E402 - after the path insert
-from e2e.certificates import make_certificates, write_kubeconfig  # noqa: E402
-from e2e.harness import build_binaries, load_versions  # noqa: E402
 from e2e.objects import create_namespace  # noqa: E402
-from e2e.ports import free_port  # noqa: E402
 
 NAMESPACE = "bench"
 
 
 def start(run_dir: Path) -> harness.Cluster:
     """etcd and kube-apiserver of a harness run, nothing else."""
-    cluster = harness.Cluster(harness.Options(run_dir=run_dir))
-    binaries = build_binaries()
-    cluster.logs.mkdir(parents=True)
-    taken: set[int] = set()
-    cluster.state = {
-        "run_id": secrets.token_hex(8),
-        "run_dir": str(run_dir),
-        "ports": {name: free_port(taken) for name in harness.PORT_NAMES},
-        "binaries": {k: str(v) for k, v in binaries.items()},
-        "components": {},
-        "versions": load_versions(),
-    }
-    make_certificates(cluster.pki)
-    write_kubeconfig(cluster.kubeconfig, cluster.apiserver_url, cluster.pki, "admin")
-    cluster._start_etcd(binaries["etcd"])
-    cluster._start_apiserver(binaries["kube-apiserver"])
-    return cluster
+    return harness.ApiServerOnly(harness.Options(run_dir=run_dir)).up()
 
 
 def measure(kubeconfig: Path, rounds: int, per_round: int) -> None:

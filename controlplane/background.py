@@ -90,6 +90,9 @@ class Worker(Generic[T]):
         self._items: deque[T | _Marker] = deque()
         self._wake = threading.Event()
         self._idle = False  # the thread sleeps waiting for work: the next submit wakes it
+        # How many submits woke the sleeping thread (a diagnostic: submits in a batch window
+        # ride along without a wake each; concurrent submits may each count one).
+        self.submit_wakeups = 0
         self._urgent = 0  # flushes and stops queued: while any is, no batch window
         self._urgent_lock = threading.Lock()
         self._in_flight = 0  # items of the batch being handled
@@ -140,6 +143,7 @@ class Worker(Generic[T]):
         self.start()
         if self._idle:
             self._idle = False  # one wake is enough until the thread looks again
+            self.submit_wakeups += 1
             self._wake.set()
         return True
 

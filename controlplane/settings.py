@@ -284,12 +284,12 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's connection pool (psycopg_pool), one per process: a request takes a connection and
     # gives it back when it ends; the backend checks it at checkout (controlplane/pgpool: what
     # CONN_HEALTH_CHECKS would install finds a restarted server's dead connections one backoff
-    # step at a time). Connections stay open in the pool between requests, their prepared statements with them;
-    # past one, a connection idle for a minute is closed. No thread holds a connection between
-    # requests, so a thread an app server ends (granian ends idle blocking threads of the
-    # extender sidecar) leaves none open behind it. `max_size` bounds one process's connections:
-    # above the threads of the busiest process that use the database at once (the sidecar's 16
-    # request threads and its background writers); a request past it waits for one.
+    # step at a time). Connections stay open in the pool between requests, their prepared
+    # statements with them; past one, a connection idle for a minute is closed. No thread holds a
+    # connection between requests, so a thread an app server ends (granian ends idle blocking
+    # threads of the extender sidecar) leaves none open behind it. `max_size` bounds one process's
+    # connections: above the threads of the busiest process that use the database at once (the
+    # sidecar's 16 request threads and its background writers); a request past it waits for one.
     DATABASES["default"]["ENGINE"] = "controlplane.pgpool"
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     pool = {

@@ -41,10 +41,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import requests
+
+# Run as a script (`python e2e/chaos.py`), this file finds its sibling modules from the
+# checkout's root, as `python -m e2e.chaos` does.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2e import objects
 from e2e.cluster import Cluster, Options

@@ -281,10 +281,29 @@ class Cluster:
         return self
 
     def _up(self) -> None:
+        binaries = self._binaries({"kube-apiserver", "kube-scheduler", "kwok", "etcd"})
+        self._begin_run(binaries)
+        write_kubeconfig(
+            self.run_dir / "scheduler.kubeconfig", self.apiserver_url, self.pki, "scheduler"
+        )
+        self._start_etcd(binaries["etcd"])
+        self._start_apiserver(binaries["kube-apiserver"])
+        self._start_controlplane()
+        self.start_extender()
+        self._register_webhook()
+        self._start_celery()
+        self.start_scheduler(binaries["kube-scheduler"])
+        self._start_kwok(binaries["kwok"])
+
+    def _binaries(self, needed: set[str]) -> dict[str, Path]:
+        """The binaries the options name, the pinned ones (built when missing) for the rest."""
         binaries = dict(self.options.binaries)
-        needed = {"kube-apiserver", "kube-scheduler", "kwok", "etcd"}
         if not needed <= binaries.keys():
             binaries = {**build_binaries(), **binaries}
+        return binaries
+
+    def _begin_run(self, binaries: dict[str, Path]) -> None:
+        """A fresh run folder, its ports and state, the certificates and the admin kubeconfig."""
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         self.logs.mkdir(parents=True)
@@ -313,17 +332,6 @@ class Cluster:
         self._save_state()
         make_certificates(self.pki)
         write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
-        write_kubeconfig(
-            self.run_dir / "scheduler.kubeconfig", self.apiserver_url, self.pki, "scheduler"
-        )
-        self._start_etcd(binaries["etcd"])
-        self._start_apiserver(binaries["kube-apiserver"])
-        self._start_controlplane()
-        self.start_extender()
-        self._register_webhook()
-        self._start_celery()
-        self.start_scheduler(binaries["kube-scheduler"])
-        self._start_kwok(binaries["kwok"])
 
     def _spawn(
         self,
@@ -1092,6 +1100,17 @@ class Cluster:
             ports = ",".join(f"{k}={v}" for k, v in info["ports"].items()) or "-"
             lines.append(f"{name:15} {'up' if is_alive else 'DOWN':5} pid={info['pid']} {ports}")
         return lines or ["stopped"]
+
+
+class ApiServerOnly(Cluster):
+    """etcd and kube-apiserver of a harness run, started as `Cluster.up` starts them, and
+    nothing else: for what needs only the API server (the chart's tests, the bind benchmark)."""
+
+    def _up(self) -> None:
+        binaries = self._binaries({"kube-apiserver", "etcd"})
+        self._begin_run(binaries)
+        self._start_etcd(binaries["etcd"])
+        self._start_apiserver(binaries["kube-apiserver"])
 
 
 @contextlib.contextmanager

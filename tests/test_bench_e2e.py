@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_e2e import Result, ratios, round_faults  # noqa: E402
+from bench.bench_e2e import Result, cpu_by_process, cpu_spent, ratios, round_faults  # noqa: E402
 
 
 def pod(name: str, node: str = "", **annotations: str) -> dict[str, Any]:
@@ -61,3 +65,27 @@ def test_ratios_name_both_figures_and_leave_out_what_one_side_lacks() -> None:
     assert "p99 0.0075 (15 against 2e+03 ms)" in text
     assert "CPU per pod 0.15 (30 against 200 ms)" in text
     assert "burst" not in text  # (d) measured none
+
+
+def test_cpu_is_counted_per_component_by_the_session_each_was_started_in() -> None:
+    busy = (
+        "import time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\ntime.sleep(30)"
+    )
+    toy = subprocess.Popen([sys.executable, "-c", busy], start_new_session=True)
+    try:
+        cluster = SimpleNamespace(state={"components": {"toy": {"pid": toy.pid}}})
+        before = cpu_by_process(cluster)  # type: ignore[arg-type]
+        assert before[toy.pid][0] == "toy" and before[os.getpid()][0] == "bench"
+        assert before[0][0] == "machine"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if cpu_by_process(cluster)[toy.pid][1] >= 0.25:  # type: ignore[arg-type]
+                break
+            time.sleep(0.05)
+        spent = cpu_spent(before, cpu_by_process(cluster))  # type: ignore[arg-type]
+        assert spent["toy"] >= 0.2
+        assert spent["machine"] >= spent["toy"]
+    finally:
+        toy.kill()
+        toy.wait()

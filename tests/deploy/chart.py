@@ -11,17 +11,13 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.certificates import make_certificates, write_kubeconfig
-from e2e.cluster import PORT_NAMES, Cluster
 from e2e.harness import cache_dir, load_versions
-from e2e.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "tessera"
@@ -116,30 +112,3 @@ def container(docs: list[dict[str, Any]], component: str, name: str) -> dict[str
                 if item["name"] == name:
                     return item  # type: ignore[no-any-return]
     raise AssertionError(f"the rendered chart has no {component} container {name}")
-
-
-# --- a real kube-apiserver (e2e) ---------------------------------------------------------------
-
-
-class ApiServerOnly(Cluster):
-    """The harness's etcd and kube-apiserver, started the way `Cluster._up` starts them."""
-
-    def _up(self) -> None:
-        binaries = dict(self.options.binaries)
-        if self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
-        self.logs.mkdir(parents=True)
-        taken: set[int] = set()
-        self.state = {
-            "run_id": os.urandom(8).hex(),
-            "run_dir": str(self.run_dir),
-            "ports": {name: free_port(taken) for name in PORT_NAMES},
-            "binaries": {k: str(v) for k, v in binaries.items()},
-            "components": {},
-            "versions": load_versions(),
-        }
-        self._save_state()
-        make_certificates(self.pki)
-        write_kubeconfig(self.kubeconfig, self.apiserver_url, self.pki, "admin")
-        self._start_etcd(binaries["etcd"])
-        self._start_apiserver(binaries["kube-apiserver"])

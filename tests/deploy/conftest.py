@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import Options
+from e2e.cluster import ApiServerOnly, Options
 from e2e.harness import HarnessError, build_binaries, run_folder
-from tests.deploy.chart import ApiServerOnly, helm_path
+from tests.deploy.chart import helm_path
 
 
 @pytest.fixture(scope="session")
