@@ -28,8 +28,9 @@ latency, p50/p99 from a pod's creation (the create call returning) to its bindin
 watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs; for (c) and (d),
 then a burst: `--burst` pods created at once onto `--burst-nodes` nodes, seconds until all are
 bound. After every round, its checks: cards over their memory, compute or slots, pods bound
-twice, pods lost. Then the ratios (c)/(b), (c)/(a) of throughput, (c)/(b) of p99 latency, and
-(c)/(d) of throughput, p50, p99, CPU per pod and the burst. Each round
+twice, pods lost (pods still pending at the timeout are counted apart: slow, not lost). Then
+the ratios (c)/(b), (c)/(a) of throughput, (c)/(b) of p99 latency, and (c)/(d) of throughput,
+p50, p99, CPU per pod and the burst. Each round
 prints the machine's load averages before its backlog and the CPU the machine spent outside the
 harness during it (`other`), so a round run on a busy machine shows as one. Each set-up gets a
 fresh namespace; a set-up's pods are deleted (and the cluster left to settle) before the next
@@ -178,14 +179,17 @@ def pod_devices(raw: dict[str, Any]) -> list[tuple[str, int, int]]:
 
 def round_faults(
     pods: list[dict[str, Any]], created: set[str], nodes_seen: dict[str, set[str]]
-) -> tuple[int, list[str], list[str], list[str]]:
+) -> tuple[int, list[str], list[str], list[str], list[str]]:
     """After a set-up's round, from its namespace's `pods`: how many cards its bound pods were
     given devices on (none in (a) and (b), where no card is chosen), the cards over their memory,
-    compute or slots by those devices, the pods bound twice (seen on two nodes), and the pods
-    lost (created, and not bound or gone)."""
+    compute or slots by those devices, the pods bound twice (seen on two nodes), the pods lost
+    (created, and gone without being bound) and the pods still pending (not bound by the
+    round's timeout: slow, not a fault)."""
     totals: dict[str, list[int]] = {}
     bound = set()
+    listed = set()
     for raw in pods:
+        listed.add(raw["metadata"]["name"])
         if not (raw.get("spec") or {}).get("nodeName"):
             continue
         bound.add(raw["metadata"]["name"])
@@ -194,8 +198,9 @@ def round_faults(
             total[0], total[1], total[2] = total[0] + memory, total[1] + cores, total[2] + 1
     over = over_allocated((uuid, m, c, n) for uuid, (m, c, n) in totals.items())
     doubled = sorted(f"{n}: {sorted(nodes)}" for n, nodes in nodes_seen.items() if len(nodes) > 1)
-    lost = sorted(created - bound)
-    return len(totals), over, doubled, lost
+    lost = sorted(created - listed)
+    pending = sorted((created & listed) - bound)
+    return len(totals), over, doubled, lost, pending
 
 
 def setup_nodes(
@@ -458,7 +463,7 @@ def run_phase(
         if all(n in bound for n in names):
             bursts.append(max(bound[n] for n in names) - burst_began)
     items = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
-    cards_used, over, doubled, lost = round_faults(items, set(created), nodes_seen)
+    cards_used, over, doubled, lost, pending = round_faults(items, set(created), nodes_seen)
     stop.set()
     latencies = sorted(
         max(0.0, bound[n] - created[n]) * 1000 for n in stream if n in bound and n in created
@@ -532,9 +537,9 @@ def run_phase(
     print(
         f"  checks: of the {cards_used} cards given to pods, over their memory, compute or slots "
         f"{len(over)}; pods bound twice "
-        f"{len(doubled)}, pods lost {len(lost)}"
+        f"{len(doubled)}, pods lost {len(lost)}; still pending at the timeout {len(pending)}"
         + "".join(f"\n    {what}: {', '.join(names[:5])}" for what, names in (
-            ("over", over), ("twice", doubled), ("lost", lost)) if names),
+            ("over", over), ("twice", doubled), ("lost", lost), ("pending", pending)) if names),
         flush=True,
     )  # fmt: skip
     return result

@@ -33,28 +33,31 @@ def tessera_pod(name: str, card: str, memory: int = 1000) -> dict[str, Any]:
 
 def test_a_card_past_its_ten_slots_is_found_from_hamis_annotation() -> None:
     pods = [hami_pod(f"p{i}", "GPU-a") for i in range(11)] + [hami_pod("q", "GPU-b")]
-    cards, over, doubled, lost = round_faults(pods, {p["metadata"]["name"] for p in pods}, {})
+    cards, over, doubled, lost, pending = round_faults(
+        pods, {p["metadata"]["name"] for p in pods}, {}
+    )
     assert cards == 2
     assert len(over) == 1 and over[0].startswith("GPU-a:")
-    assert (doubled, lost) == ([], [])
+    assert (doubled, lost, pending) == ([], [], [])
 
 
 def test_a_card_past_its_memory_is_found_from_tesseras_annotation() -> None:
     pods = [tessera_pod("p", "GPU-a", 81920), tessera_pod("q", "GPU-a", 1)]
-    cards, over, _, _ = round_faults(pods, {"p", "q"}, {})
+    cards, over, _, _, _ = round_faults(pods, {"p", "q"}, {})
     assert cards == 1 and len(over) == 1
-    cards, over, _, _ = round_faults(pods[:1], {"p"}, {})
+    cards, over, _, _, _ = round_faults(pods[:1], {"p"}, {})
     assert (cards, over) == (1, [])
 
 
-def test_pods_bound_twice_and_pods_lost_are_named() -> None:
+def test_pods_bound_twice_lost_and_still_pending_are_named_apart() -> None:
     pods = [pod("bound", "n1"), pod("pending")]  # (a)/(b): no card is chosen
-    cards, over, doubled, lost = round_faults(
+    cards, over, doubled, lost, pending = round_faults(
         pods, {"bound", "pending", "gone"}, {"bound": {"n1", "n2"}}
     )
     assert (cards, over) == (0, [])
     assert doubled == ["bound: ['n1', 'n2']"]
-    assert lost == ["gone", "pending"]
+    assert lost == ["gone"]  # created, and no longer there unbound
+    assert pending == ["pending"]  # there, not bound by the timeout: slow, not lost
 
 
 def test_ratios_name_both_figures_and_leave_out_what_one_side_lacks() -> None:
