@@ -60,6 +60,9 @@ class SlicePublisher:
         self.pool: Pool | None = None
         self.desired: list[Slice] = []
         self.writes = 0  # creates, replaces and deletes sent (a pass with nothing to do: none)
+        # name -> (the spec written, the spec the API server stored for it): the server adds
+        # defaults (a taint's timeAdded), so what it holds is compared with what it answered.
+        self._stored: dict[str, tuple[Any, Any]] = {}
         self._kick = asyncio.Event()
 
     def kick(self) -> None:
@@ -88,16 +91,23 @@ class SlicePublisher:
             name = str(want["metadata"]["name"])
             have = existing.pop(name, None)
             if have is None:
-                await self.api.create_resource_slice(want)
-            elif have.get("spec") != want["spec"]:
+                answer = await self.api.create_resource_slice(want)
+            elif not self._up_to_date(name, want, have):
                 meta = {**want["metadata"], "resourceVersion": have["metadata"]["resourceVersion"]}
-                await self.api.replace_resource_slice({**want, "metadata": meta})
+                answer = await self.api.replace_resource_slice({**want, "metadata": meta})
             else:
                 continue
+            self._stored[name] = (want["spec"], answer.get("spec"))
             self.writes += 1
         for name, extra in existing.items():
             await self.api.delete_resource_slice(name, str(extra["metadata"]["uid"]))
             self.writes += 1
+
+    def _up_to_date(self, name: str, want: Slice, have: Slice) -> bool:
+        if have.get("spec") == want["spec"]:
+            return True
+        written = self._stored.get(name)
+        return written is not None and written == (want["spec"], have.get("spec"))
 
     async def run(self, stopping: asyncio.Event) -> None:
         failures = 0
