@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeplugin import dra_paths
+
 # How the node plugin serves the kubelet (docs/dra.md): as a device plugin beside the scheduler
 # extender, or as a DRA driver whose ResourceSlices kube-scheduler allocates from.
 DEVICE_PLUGIN, DRA = "deviceplugin", "dra"
@@ -281,6 +283,15 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     heartbeat = _float(env, "TESSERA_HEARTBEAT_S", d.heartbeat_s, 1.0, 3600.0)
     device_mode = _choice(env, "TESSERA_DEVICE_MODE", d.device_mode, ("cdi", "paths"))
     plugin_mode = _plugin_mode(env, kube_url, device_mode)
+    dra_registry_dir = _abs_path(env, "TESSERA_DRA_REGISTRY_DIR", d.dra_registry_dir)
+    dra_plugin_dir = _abs_path(env, "TESSERA_DRA_PLUGIN_DIR", d.dra_plugin_dir)
+    longest = dra_paths.longest_socket_path(dra_registry_dir, dra_plugin_dir)
+    if plugin_mode == DRA and longest > dra_paths.MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"TESSERA_DRA_REGISTRY_DIR={str(dra_registry_dir)!r} and TESSERA_DRA_PLUGIN_DIR="
+            f"{str(dra_plugin_dir)!r} make a socket path of {longest} bytes; a unix socket's "
+            f"path holds at most {dra_paths.MAX_SOCKET_PATH}: use shorter directories"
+        )
     return Settings(
         node_name=node,
         resource_name=resource,
@@ -346,8 +357,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         mps_container_dir=_container_path(env, "TESSERA_MPS_CONTAINER_DIR", d.mps_container_dir),
         mps_poll_s=_float(env, "TESSERA_MPS_POLL_S", d.mps_poll_s, 0.01, 60.0),
         plugin_mode=plugin_mode,
-        dra_registry_dir=_abs_path(env, "TESSERA_DRA_REGISTRY_DIR", d.dra_registry_dir),
-        dra_plugin_dir=_abs_path(env, "TESSERA_DRA_PLUGIN_DIR", d.dra_plugin_dir),
+        dra_registry_dir=dra_registry_dir,
+        dra_plugin_dir=dra_plugin_dir,
     )
 
 

@@ -30,6 +30,12 @@ import grpc
 import grpc.aio
 
 from nodeplugin.dra_claims import ClaimError, ClaimPreparer, PreparedClaim, Published
+from nodeplugin.dra_paths import (
+    REGISTRATION_SOCKET,
+    TOKEN_HEX,
+    endpoint_name,
+    private_registration_name,
+)
 from nodeplugin.dra_rpc import (
     DRA_SUPPORTED_VERSION,
     PLUGIN_TYPE,
@@ -46,7 +52,6 @@ from nodeplugin.rpc import unix_target
 from nodeplugin.sockets import inode, remove_dead_sockets
 
 log = logging.getLogger("nodeplugin.dra")
-REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 SELF_CHECK_TIMEOUT_S = 5.0
 
 
@@ -220,10 +225,12 @@ class DraServer:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         remove_dead_sockets(self.plugin_dir, "dra-*.sock")
-        remove_dead_sockets(self.registry_dir, f".{REGISTRATION_SOCKET}.*")
-        token = secrets.token_hex(4)  # unique per start: in a pod every plugin is PID 1
-        endpoint = self.plugin_dir / f"dra-{token}.sock"
-        private = self.registry_dir / f".{REGISTRATION_SOCKET}.{token}"
+        remove_dead_sockets(self.registry_dir, f".{DRIVER}-*")
+        token = secrets.token_hex(
+            TOKEN_HEX // 2
+        )  # unique per start: in a pod every plugin is PID 1
+        endpoint = self.plugin_dir / endpoint_name(token)
+        private = self.registry_dir / private_registration_name(token)
         dra_server = grpc.aio.server()
         dra_server.add_generic_rpc_handlers((dra_plugin_handler(self.servicer),))
         dra_server.add_insecure_port(unix_target(str(endpoint)))

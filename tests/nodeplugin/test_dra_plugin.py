@@ -87,6 +87,14 @@ def test_device_plugin_mode_is_the_default_and_dra_mode_is_chosen_by_its_setting
             },
             "must be an absolute path",
         ),
+        (
+            {
+                "TESSERA_PLUGIN_MODE": "dra",
+                "TESSERA_KUBE_API_URL": "https://k",
+                "TESSERA_DRA_REGISTRY_DIR": "/var/lib/" + "k" * 80 + "/plugins_registry",
+            },
+            "a unix socket's path holds at most 107",
+        ),
     ],
 )
 def test_a_bad_mode_setting_is_refused_naming_the_fix(env: dict[str, str], message: str) -> None:
