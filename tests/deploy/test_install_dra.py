@@ -1,7 +1,7 @@
 """DRA mode's node plugin against a real kube-apiserver (the e2e harness's, with its DRA gates):
-the chart's ServiceAccount, RBAC and ValidatingAdmissionPolicy applied as rendered, and the
-plugin's own publisher (nodeplugin/dra_publish.py) writing ResourceSlices with a token bound to
-a pod on its node, as the DaemonSet's pod gets (docs/dra.md).
+the chart installed with `mode: dra` (its ServiceAccount, RBAC and ValidatingAdmissionPolicy),
+and the plugin's own publisher (nodeplugin/dra_publish.py) writing ResourceSlices with a token
+bound to a pod on its node, as the DaemonSet's pod gets (docs/dra.md).
 
 No scheduler, controllers or kubelets run here: the API server stores and validates.
 """
@@ -23,20 +23,11 @@ from nodeplugin.cards import Health
 from nodeplugin.dra_publish import SlicePublisher
 from nodeplugin.dra_slices import DRIVER, UNHEALTHY_TAINT, build_slices, slice_name
 from nodeplugin.kubeapi import KubeApi, KubeApiError
-from tests.deploy.chart import NAMESPACE, render
+from tests.deploy.chart import CHART, NAMESPACE, RELEASE, render, run_helm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("helm")]
 
 RESOURCE = "/apis/resource.k8s.io/v1"
-# What the chart installs for the node plugin in DRA mode, and the DeviceClasses.
-KINDS = {
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "DeviceClass",
-}
 
 
 @pytest.fixture(scope="module")
@@ -45,32 +36,21 @@ def kube(apiserver: Any) -> Iterator[Any]:
         yield api
 
 
-def _create(kube: Any, doc: dict[str, Any]) -> None:
-    from kubernetes import dynamic
-
-    client = dynamic.DynamicClient(kube)
-    resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-    namespace = doc["metadata"].get("namespace")
-    resource.create(body=doc, namespace=namespace)
-
-
 @pytest.fixture(scope="module")
-def installed(kube: Any) -> list[dict[str, Any]]:
-    """The DRA-mode chart's node-plugin identity and policy, as rendered, in tessera-system;
-    returns the rendered documents."""
+def installed(
+    apiserver: Any, kube: Any, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """`helm install` with `mode: dra` into tessera-system; returns the rendered documents.
+    Its notes tell the operator how claims are made and where the cards show."""
     from kubernetes import client
 
     client.CoreV1Api(kube).create_namespace({"metadata": {"name": NAMESPACE}})
-    docs = render(sets=("mode=dra",))
-    nodeplugin = [
-        d
-        for d in docs
-        if d["kind"] in KINDS
-        and (d["kind"] == "DeviceClass" or "nodeplugin" in d["metadata"]["name"])
-    ]
-    for doc in nodeplugin:
-        _create(kube, doc)
-    return docs
+    home = tmp_path_factory.mktemp("helm")
+    out = run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "mode=dra",
+                   "--kubeconfig", str(apiserver.kubeconfig), home=home).stdout  # fmt: skip
+    assert "DRA mode: pods ask for GPU slices with ResourceClaims" in out, out
+    assert "routed to the" not in out
+    return render(sets=("mode=dra",))
 
 
 def service_account(docs: list[dict[str, Any]]) -> str:
