@@ -558,6 +558,8 @@ class Plugin:
                 modes = cardmod.modes_from_answer(answer, self.registry.cards.keys())
                 if modes is not None:
                     await self.apply_modes(modes)
+                if self.dra is not None:
+                    self.dra.modes_known()
                 await self.servicer.retry_pending_posts()
                 if failures:
                     log.warning("inventory report accepted again after %d failure(s)", failures)

@@ -45,6 +45,10 @@ class DraNode:
         self.cards = tuple(cards)
         self.state = state
         self.health_changed = health_changed
+        # Set once the control plane's inventory answer has given the cards' modes: publishing
+        # before would offer an exclusive or MIG card as shared for a moment, and a claim could
+        # be allocated on that shape. Until then the slices a predecessor published stay.
+        self._modes_known = asyncio.Event()
         # A checkpoint that cannot be read stops the plugin here, before the kubelet is served.
         self.store = ClaimStore(settings.state_dir)
         self.preparer = ClaimPreparer(writer, self.store)
@@ -80,8 +84,16 @@ class DraNode:
         """The cards' modes changed: publish the new shape."""
         self.publisher.kick()
 
+    def modes_known(self) -> None:
+        """The control plane answered an inventory report: the cards' modes are known."""
+        self._modes_known.set()
+
     async def start(self) -> None:
         await self.server.start()
+
+    async def _publish(self, stopping: asyncio.Event) -> None:
+        await self._modes_known.wait()
+        await self.publisher.run(stopping)
 
     async def _follow_health(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -92,7 +104,7 @@ class DraNode:
         """Until ``stopping``: keep the sockets served and the slices published."""
         tasks = [
             asyncio.create_task(self.server.watch(stopping, self.s.kubelet_poll_s)),
-            asyncio.create_task(self.publisher.run(stopping)),
+            asyncio.create_task(self._publish(stopping)),
             asyncio.create_task(self._follow_health(stopping)),
         ]
         await stopping.wait()

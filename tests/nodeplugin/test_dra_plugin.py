@@ -153,9 +153,14 @@ class DraNode:
 
 
 @contextlib.asynccontextmanager
-async def dra_node(root: Path, n_cards: int = 2, **env: str) -> AsyncIterator[DraNode]:
+async def dra_node(
+    root: Path, n_cards: int = 2, modes: dict[int, str] | None = None, **env: str
+) -> AsyncIterator[DraNode]:
+    """``modes``: the control plane's card modes from the first inventory answer, by index."""
     gpu = GpuNode(root, cards(n_cards))
     plane = FakeControlPlane()
+    if modes:
+        plane.modes = {gpu.cards[i].uuid: m for i, m in modes.items()}
     api = FakeKubeApi(KUBE_TOKEN)
     (root / "kube-token").write_text(KUBE_TOKEN + "\n")
     device_plugin_kubelet = FakeKubelet(root / "k")  # the PodResources socket
@@ -411,5 +416,23 @@ def test_slices_follow_health_and_card_modes_and_come_back_when_deleted(short_tm
             writes = node.api.slice_writes()
             await eventually(lambda: len(node.plane.reports) >= 3, timeout=10, what="heartbeats")
             assert node.api.slice_writes() == writes
+
+    run(body)
+
+
+def test_slices_wait_for_the_control_planes_card_modes(short_tmp: Path) -> None:
+    """A card the control plane has exclusive is never offered as shared, not even before the
+    plugin's first inventory answer."""
+
+    async def body() -> None:
+        async with dra_node(short_tmp, modes={1: "exclusive"}) as node:
+            name = f"{NODE}-{DRIVER}"
+            await eventually(lambda: name in node.api.slices, timeout=10, what="the slice")
+            with node.api.lock:
+                created = [p for m, p in node.api.requests if m == "POST"]
+                spec = json.loads(json.dumps(node.api.slices[name]["spec"]))
+            assert len(created) == 1 and spec["pool"]["generation"] == 1
+            assert spec["devices"][1]["attributes"]["mode"] == {"string": "exclusive"}
+            assert "allowMultipleAllocations" not in spec["devices"][1]
 
     run(body)
