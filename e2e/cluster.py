@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from controlplane.scheduling import ResourceNames
 from e2e.certificates import make_certificates, write_kubeconfig
 from e2e.chart import ChartConfig
+from e2e.dra import feature_gates_flag
 from e2e.harness import (
     E2E_DIR,
     HARNESS_BINARIES,
@@ -447,6 +448,9 @@ class Cluster:
                 # cache every watch is served by etcd directly, at once.
                 "--watch-cache=false",
                 "--enable-priority-and-fairness=false",
+                # DRA's gates Tessera's ResourceSlices need (e2e/dra.py): without
+                # DRAConsumableCapacity a shared card would be stored as an exclusive device.
+                feature_gates_flag(),
                 "--max-requests-inflight=2000",
                 "--max-mutating-requests-inflight=1000",
                 "--v=1",
@@ -968,6 +972,7 @@ class Cluster:
                 f"--secure-port={self.ports['kube-scheduler']}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
+                feature_gates_flag(),  # it allocates shared cards only with consumable capacity
                 "--v=1",
             ],
             port_names=("kube-scheduler",),

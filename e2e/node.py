@@ -43,6 +43,7 @@ import psutil
 from e2e import images as image_build
 from e2e.certificates import sign_leaf, write_kubeconfig
 from e2e.cluster import Cluster, Options
+from e2e.dra import CLAIM_CONTROLLER, FEATURE_GATES, feature_gates_flag
 from e2e.harness import HarnessError, build_binaries, log
 from e2e.ports import free_port, listening
 from e2e.processes import get_ok
@@ -333,6 +334,7 @@ class RealNodeCluster(Cluster):
             "protectKernelDefaults": False,
             "localStorageCapacityIsolation": False,
             "maxPods": 110,
+            "featureGates": dict(FEATURE_GATES),  # DRA mode's (e2e/dra.py)
         }  # fmt: skip
         config_path = self.node_dir / "kubelet-config.json"
         config_path.write_text(json.dumps(config, indent=2))
@@ -375,8 +377,10 @@ class RealNodeCluster(Cluster):
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 # Only what the chart's node plugin needs: its DaemonSet gets its pods, and
-                # each namespace the kube-root-ca.crt ConfigMap a pod's API token volume holds.
-                "--controllers=daemonset,root-ca-cert-publisher",
+                # each namespace the kube-root-ca.crt ConfigMap a pod's API token volume holds;
+                # in DRA mode a pod's claims are made from its ResourceClaimTemplates.
+                f"--controllers=daemonset,root-ca-cert-publisher,{CLAIM_CONTROLLER}",
+                feature_gates_flag(),
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",

@@ -8,7 +8,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -21,8 +20,9 @@ from nodeplugin import __version__, edits, ids
 from nodeplugin import cards as cardmod
 from nodeplugin.allocation import MIG, MPS
 from nodeplugin.cards import Card, Health
-from nodeplugin.config import Settings
+from nodeplugin.config import DRA, Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
+from nodeplugin.dra_node import DraNode
 from nodeplugin.http import HttpUnavailable
 from nodeplugin.kubeapi import KubeApi
 from nodeplugin.metrics import SampleCollector, Sampler
@@ -41,6 +41,7 @@ from nodeplugin.rpc import (
     unix_target,
 )
 from nodeplugin.servicer import Servicer
+from nodeplugin.sockets import inode, remove_dead_sockets
 from nodeplugin.sources import (
     AllocationSource,
     AnnotationSource,
@@ -72,27 +73,6 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns)
-
-
-def _remove_dead_sockets(path: Path) -> None:
-    """Private sockets (`.<name>.<hex>`) left by a plugin that was killed: nothing listens."""
-    for stale in path.parent.glob(f".{path.name}.*"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(stale))
-                continue  # a live plugin's (a predecessor still terminating)
-            except OSError:
-                pass
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
-
-
-def _inode(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
 
 
 class Plugin:
@@ -183,6 +163,22 @@ class Plugin:
         self.registrations = 0
         self._socket_inode: tuple[int, int] | None = None  # the socket file this process made
         self._private: Path | None = None  # that socket's own name, which the kubelet dials
+        # DRA mode (docs/dra.md): the kubelet's DRA plugin in place of the device plugin.
+        self.dra: DraNode | None = None
+        if settings.plugin_mode == DRA:
+            self.dra = DraNode(
+                settings,
+                KubeApi(
+                    settings.kube_api_url,
+                    settings.kube_token_file,
+                    settings.kube_ca_file,
+                    settings.http_timeout_s,
+                ),
+                self.writer,
+                self.cards,
+                lambda: (self.modes, self.registry.health),
+                self.registry.changed,
+            )
 
     # -- gRPC server -----------------------------------------------------------------------
 
@@ -201,7 +197,8 @@ class Plugin:
         socket's path when it stops, and a successor's public name is left alone."""
         path = self.s.plugin_socket_path
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_sockets(path)
+        # Private sockets (`.<name>.<hex>`) left by a plugin that was killed.
+        remove_dead_sockets(path.parent, f".{path.name}.*")
         # Unique per start: in a pod every plugin is PID 1, so a PID would not tell two apart.
         private = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
         server = grpc.aio.server()
@@ -212,7 +209,7 @@ class Plugin:
         link = path.with_name(private.name + ".link")
         os.link(private, link)
         os.replace(link, path)
-        self._socket_inode = _inode(path)
+        self._socket_inode = inode(path)
         self._private = private
         await self._confirm_serving()
         log.info("serving the device plugin API on %s", path)
@@ -231,7 +228,7 @@ class Plugin:
         # Only our own socket: when the DaemonSet replaces this pod, the new plugin may already
         # serve on the same path, and removing its socket would cut it off from the kubelet.
         path = self.s.plugin_socket_path
-        if self._socket_inode is not None and _inode(path) == self._socket_inode:
+        if self._socket_inode is not None and inode(path) == self._socket_inode:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._socket_inode = None
@@ -239,7 +236,7 @@ class Plugin:
 
     def _successor_serves(self) -> bool:
         """The plugin's well-known name is another process's socket: a successor took over."""
-        current = _inode(self.s.plugin_socket_path)
+        current = inode(self.s.plugin_socket_path)
         return current is not None and current != self._socket_inode
 
     async def register(self) -> None:
@@ -374,6 +371,8 @@ class Plugin:
         if changed or before != self.mig_status:
             self._refresh_all()
             self._report_now.set()
+            if self.dra is not None:
+                self.dra.changed()
 
     async def mps_loop(self) -> None:
         """One MPS control daemon for the node's mps cards, level-based every poll."""
@@ -502,7 +501,8 @@ class Plugin:
         out now (no stream of ours held, or this plugin stopping) takes no new pods, so the
         scheduler does not bind one that the kubelet would refuse for good at admission."""
         health = dict(self.registry.health)
-        if self.registry.streams == 0 or self.terminating.is_set():
+        unregistered = self.dra is None and self.registry.streams == 0
+        if unregistered or self.terminating.is_set():
             why = STOPPING if self.terminating.is_set() else UNREGISTERED
             for uuid, h in health.items():
                 if h.healthy:
@@ -512,7 +512,11 @@ class Plugin:
     async def _kubelet_took_the_cards(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self.registry.streams == 0 and not self.terminating.is_set():
+                while (
+                    self.dra is None
+                    and self.registry.streams == 0
+                    and not self.terminating.is_set()
+                ):
                     await self.registry.streams_changed().wait()
 
     async def _watch_streams(self) -> None:
@@ -526,7 +530,7 @@ class Plugin:
         already serves them (its reports are the true ones then). Sent before the kubelet's
         stream ends: from then until a successor registers, the kubelet refuses the cards at
         admission, and a pod bound in that gap would fail for good."""
-        if self._successor_serves():
+        if self.dra.successor_serves() if self.dra is not None else self._successor_serves():
             return False
         report = cardmod.inventory_report(__version__, self.cards, self._reported_health())
         try:
@@ -554,6 +558,8 @@ class Plugin:
                 modes = cardmod.modes_from_answer(answer, self.registry.cards.keys())
                 if modes is not None:
                     await self.apply_modes(modes)
+                if self.dra is not None:
+                    self.dra.modes_known()
                 await self.servicer.retry_pending_posts()
                 if failures:
                     log.warning("inventory report accepted again after %d failure(s)", failures)
@@ -656,17 +662,25 @@ class Plugin:
             ids.make_id(card.uuid, self.s.slots - 1)  # fail at start on an over-long ID
         self.start_monitor(loop)
         self.start_metrics()
-        await self.start_server()
+        if self.dra is not None:
+            await self.dra.start()
+        else:
+            await self.start_server()
         reports = asyncio.create_task(self.report_loop(), name="report")
         tasks = [
             reports,
-            asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
-            asyncio.create_task(self._watch_streams(), name="watch-streams"),
-            asyncio.create_task(self.gc_loop(), name="gc"),
             asyncio.create_task(self.priority_loop(), name="priority"),
             asyncio.create_task(self.mps_loop(), name="mps"),
-            asyncio.create_task(self.mig_reconcile(), name="mig-reconcile"),
         ]
+        if self.dra is not None:
+            tasks.append(asyncio.create_task(self.dra.run(self.stopping), name="dra"))
+        else:
+            tasks += [
+                asyncio.create_task(self.watch_kubelet(), name="watch-kubelet"),
+                asyncio.create_task(self._watch_streams(), name="watch-streams"),
+                asyncio.create_task(self.gc_loop(), name="gc"),
+                asyncio.create_task(self.mig_reconcile(), name="mig-reconcile"),
+            ]
         await self.terminating.wait()
         log.info("stopping")
         # The heartbeat loop ends at its next turn. A report in flight (its request runs in a
@@ -684,7 +698,10 @@ class Plugin:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.priority.release_all()
-        await self.stop_server(2.0)
+        if self.dra is not None:
+            await self.dra.stop(2.0)
+        else:
+            await self.stop_server(2.0)
         await self.podres.close()
         if self.monitor is not None:
             self.monitor.stop()

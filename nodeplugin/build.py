@@ -24,7 +24,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PROTO_DIR = PACKAGE_DIR / "proto"
 GENERATED_DIR = PACKAGE_DIR / "_generated"
 STAMP_NAME = "SOURCES_SHA256"
-PROTOS = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
+PROTOS = (
+    "deviceplugin/v1beta1/api.proto",
+    "podresources/v1/api.proto",
+    "dra/v1/api.proto",
+    "pluginregistration/v1/api.proto",
+)
 
 
 class BuildError(RuntimeError):

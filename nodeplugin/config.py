@@ -14,6 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeplugin import dra_paths
+
+# How the node plugin serves the kubelet (docs/dra.md): as a device plugin beside the scheduler
+# extender, or as a DRA driver whose ResourceSlices kube-scheduler allocates from.
+DEVICE_PLUGIN, DRA = "deviceplugin", "dra"
+PLUGIN_MODES = (DEVICE_PLUGIN, DRA)
 MIN_KEY_BYTES = 32  # as the control plane (controlplane/extender/signing.py)
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -83,6 +89,12 @@ class Settings:
     mps_control: str = "nvidia-cuda-mps-control"
     mps_container_dir: str = "/tmp/nvidia-mps"  # noqa: S108 - MPS's own default, inside the container
     mps_poll_s: float = 1.0
+    plugin_mode: str = DEVICE_PLUGIN
+    # DRA mode: where the kubelet's plugin watcher looks for registration sockets, and the
+    # driver's own directory for the socket the kubelet calls (the kubelet's defaults,
+    # KubeletRegistryDir and KubeletPluginsDir/<driver> in dynamic-resource-allocation).
+    dra_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    dra_plugin_dir: Path = Path("/var/lib/kubelet/plugins/gpu.tessera.io")
 
     @property
     def plugin_socket_path(self) -> Path:
@@ -269,6 +281,17 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     if level and not re.match(r"^[A-Za-z0-9]+$", level):
         raise ConfigError(f"TESSERA_CONTAINER_LOG_LEVEL={level!r} must be a single word")
     heartbeat = _float(env, "TESSERA_HEARTBEAT_S", d.heartbeat_s, 1.0, 3600.0)
+    device_mode = _choice(env, "TESSERA_DEVICE_MODE", d.device_mode, ("cdi", "paths"))
+    plugin_mode = _plugin_mode(env, kube_url, device_mode)
+    dra_registry_dir = _abs_path(env, "TESSERA_DRA_REGISTRY_DIR", d.dra_registry_dir)
+    dra_plugin_dir = _abs_path(env, "TESSERA_DRA_PLUGIN_DIR", d.dra_plugin_dir)
+    longest = dra_paths.longest_socket_path(dra_registry_dir, dra_plugin_dir)
+    if plugin_mode == DRA and longest > dra_paths.MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"TESSERA_DRA_REGISTRY_DIR={str(dra_registry_dir)!r} and TESSERA_DRA_PLUGIN_DIR="
+            f"{str(dra_plugin_dir)!r} make a socket path of {longest} bytes; a unix socket's "
+            f"path holds at most {dra_paths.MAX_SOCKET_PATH}: use shorter directories"
+        )
     return Settings(
         node_name=node,
         resource_name=resource,
@@ -288,7 +311,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         kube_api_url=kube_url,
         kube_token_file=_abs_path(env, "TESSERA_KUBE_TOKEN_FILE", d.kube_token_file),
         kube_ca_file=_optional_path(env, "TESSERA_KUBE_CA_FILE", Path(f"{SA_DIR}/ca.crt")),
-        device_mode=_choice(env, "TESSERA_DEVICE_MODE", d.device_mode, ("cdi", "paths")),
+        device_mode=device_mode,
         cdi_dir=_abs_path(env, "TESSERA_CDI_DIR", d.cdi_dir),
         cdi_kind=cdi_kind,
         cdi_annotation=_bool(env, "TESSERA_CDI_ANNOTATION", d.cdi_annotation),
@@ -333,7 +356,32 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         mps_control=_mps_control(env, d.mps_control),
         mps_container_dir=_container_path(env, "TESSERA_MPS_CONTAINER_DIR", d.mps_container_dir),
         mps_poll_s=_float(env, "TESSERA_MPS_POLL_S", d.mps_poll_s, 0.01, 60.0),
+        plugin_mode=plugin_mode,
+        dra_registry_dir=dra_registry_dir,
+        dra_plugin_dir=dra_plugin_dir,
     )
+
+
+def _plugin_mode(env: Mapping[str, str], kube_url: str, device_mode: str) -> str:
+    raw = env.get("TESSERA_PLUGIN_MODE", "").strip() or DEVICE_PLUGIN
+    if raw not in PLUGIN_MODES:
+        raise ConfigError(
+            f"TESSERA_PLUGIN_MODE={raw!r} is not a mode of the node plugin: use {DEVICE_PLUGIN} "
+            f"(the default: a kubelet device plugin beside the scheduler extender) or {DRA} "
+            "(a DRA driver: kube-scheduler allocates from its ResourceSlices)"
+        )
+    if raw == DRA and not kube_url:
+        raise ConfigError(
+            f"TESSERA_PLUGIN_MODE={DRA} needs the API server (it reads ResourceClaims and "
+            "publishes ResourceSlices): set TESSERA_KUBE_API_URL or run in a cluster "
+            "(KUBERNETES_SERVICE_HOST)"
+        )
+    if raw == DRA and device_mode != "cdi":
+        raise ConfigError(
+            f"TESSERA_PLUGIN_MODE={DRA} hands containers their devices as CDI IDs only: unset "
+            f"TESSERA_DEVICE_MODE={device_mode}"
+        )
+    return raw
 
 
 def _mps_control(env: Mapping[str, str], default: str) -> str:

@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "tessera"
 HERE = Path(__file__).resolve().parent
 VALUES_FILES = sorted(p.name for p in HERE.glob("values-*.yaml"))
+# The values files of the extender mode (the chart's default `mode`): the e2e harness's chart
+# mode reads the tessera-scheduler and its extender from them; DRA mode has neither.
+EXTENDER_VALUES_FILES = [
+    name
+    for name in VALUES_FILES
+    if (yaml.safe_load((HERE / name).read_text()) or {}).get("mode", "extender") == "extender"
+]
 # `helm template` runs offline; pin the cluster version it pretends to talk to (a helm built with
 # `go install` would otherwise assume v1.20, below the chart's kubeVersion).
 KUBE_VERSION = "v1.33.2"

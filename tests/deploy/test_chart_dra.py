@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from nodeplugin import config
 from nodeplugin.allocation import MODES
 from nodeplugin.dra_slices import DRIVER
 from tests.deploy.chart import CHART, KUBE_VERSION, RELEASE, render, run_helm
@@ -71,8 +72,23 @@ def test_extended_resource_name_goes_on_the_hami_core_class_only() -> None:
             "mode=dra cannot serve cardModes.migResources=true",
         ),
         (["dra.extendedResourceName=not a name"], "/dra/extendedResourceName"),
+        (
+            ["mode=dra", "nodeplugin.deviceMode=paths"],
+            "mode=dra cannot serve nodeplugin.deviceMode=paths",
+        ),
+        (
+            ["mode=dra", "nodeplugin.allocationSource=annotation"],
+            "mode=dra cannot serve nodeplugin.allocationSource=annotation",
+        ),
     ],
-    ids=["unknown-mode", "wrong-case", "dra-with-mig-resources", "bad-extended-resource"],
+    ids=[
+        "unknown-mode",
+        "wrong-case",
+        "dra-with-mig-resources",
+        "bad-extended-resource",
+        "dra-without-cdi",
+        "dra-with-annotations",
+    ],
 )
 def test_chart_refuses_what_it_cannot_serve(sets: list[str], message: str, tmp_path: Path) -> None:
     args = ["template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
@@ -85,3 +101,73 @@ def test_chart_refuses_what_it_cannot_serve(sets: list[str], message: str, tmp_p
 
 def test_mig_resources_stay_allowed_in_extender_mode() -> None:
     assert render(sets=("cardModes.migResources=true",))
+
+
+def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    return ds
+
+
+def kinds_and_names(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_dra_mode_leaves_the_extender_and_the_webhook_out() -> None:
+    extender, dra = kinds_and_names(render()), kinds_and_names(render(sets=("mode=dra",)))
+    gone = {
+        ("MutatingWebhookConfiguration", RELEASE),
+        ("Deployment", f"{RELEASE}-scheduler"),
+        ("NetworkPolicy", f"{RELEASE}-scheduler"),
+        ("ServiceAccount", f"{RELEASE}-scheduler"),
+    }
+    assert gone <= extender
+    assert not gone & dra
+    # The node plugins trust the control plane's HTTPS through this Secret in both modes.
+    assert ("Secret", f"{RELEASE}-webhook-tls") in dra
+
+
+def test_dra_mode_runs_the_node_plugin_as_a_kubelet_dra_plugin() -> None:
+    docs = render(sets=("mode=dra",))
+    pod = daemonset(docs)["spec"]["template"]["spec"]
+    (plugin,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in plugin["env"] if "value" in e}
+    # The plugin reads the rendered settings as the chart means them (in a cluster). It reads
+    # no pod's allocation, so it needs no allocation key.
+    assert env["TESSERA_ALLOCATION_FALLBACK"] == "false"
+    assert "TESSERA_ALLOCATION_KEY_FILE" not in env
+    in_cluster = {"TESSERA_NODE_NAME": "n1", "KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    settings = config.load({**env, **in_cluster})
+    assert settings.plugin_mode == config.DRA
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    host = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    # Same paths inside and outside: the kubelet dials the endpoint the plugin names.
+    assert mounts["plugins-registry"] == host["plugins-registry"] == str(settings.dra_registry_dir)
+    assert mounts["dra-plugin"] == host["dra-plugin"] == str(settings.dra_plugin_dir)
+    assert settings.dra_registry_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert settings.dra_plugin_dir == Path(f"/var/lib/kubelet/plugins/{DRIVER}")
+    assert pod["automountServiceAccountToken"] is True
+    assert f"{DRIVER}-reg.sock" in " ".join(plugin["livenessProbe"]["exec"]["command"])
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and "nodeplugin" in d["metadata"]["name"]
+    ]
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "list", "create", "update", "delete"],
+        },
+    ]
+    policies = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert {d["kind"] for d in policies} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+
+
+def test_extender_mode_keeps_the_device_plugin_as_it_was() -> None:
+    docs = render()
+    (plugin,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    names = {e["name"] for e in plugin["env"]}
+    assert not names & {"TESSERA_PLUGIN_MODE", "TESSERA_DRA_REGISTRY_DIR", "TESSERA_DRA_PLUGIN_DIR"}
+    assert not [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]

@@ -14,9 +14,9 @@ import yaml
 
 from controlplane.scheduling import ResourceNames
 from e2e.chart import OVERRIDDEN, ChartConfig, ChartError
-from tests.deploy.chart import VALUES_FILES, container, render
+from tests.deploy.chart import EXTENDER_VALUES_FILES, container, render
 
-ALL_SETS = [(), *[(name,) for name in VALUES_FILES]]
+ALL_SETS = [(), *[(name,) for name in EXTENDER_VALUES_FILES]]
 pytestmark = pytest.mark.usefixtures("helm")
 
 

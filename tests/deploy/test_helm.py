@@ -119,7 +119,14 @@ def test_helm_lint_passes(values: tuple[str, ...], tmp_path: Path) -> None:
 def test_template_renders_named_namespaced_objects(values: tuple[str, ...]) -> None:
     docs = render(*values)
     assert len(docs) > 20
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for doc in docs:
         assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), doc
         if doc["kind"] not in cluster_scoped:

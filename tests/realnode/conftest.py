@@ -170,18 +170,10 @@ def tessera(node_cluster: RealNodeCluster) -> objects.Tessera:
     return objects.Tessera(node_cluster.controlplane_url, node_cluster.admin_token)
 
 
-@pytest.fixture(scope="module")
-def installed(
-    node_cluster: RealNodeCluster,
-    core: Any,
-    kube: Any,
-    tessera: objects.Tessera,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, Any]:
-    """`helm install` of the chart with the real node's values; waits until the node plugin
-    runs, registered `nvidia.com/gpu` with the kubelet and reported its cards."""
-    from kubernetes import client
-
+def before_install(node_cluster: RealNodeCluster, core: Any) -> tuple[Path, dict[str, str], str]:
+    """What the chart's install needs beforehand on the real node: the fake GPU, the release
+    namespace, the webhook TLS Secret from the harness's certificate and the node token Secret.
+    Returns the fake GPU's folder, the plugin's environment for it, and the node's token."""
     gpu_root = node_cluster.node_dir / "fake-gpu"
     gpu_env = make_fake_gpu(gpu_root)
     token = node_cluster.manage(
@@ -203,6 +195,22 @@ def installed(
         NAMESPACE,
         {"metadata": {"name": f"{RELEASE}-node-tokens"}, "stringData": {NODE_NAME: token}},
     )
+    return gpu_root, gpu_env, token
+
+
+@pytest.fixture(scope="module")
+def installed(
+    node_cluster: RealNodeCluster,
+    core: Any,
+    kube: Any,
+    tessera: objects.Tessera,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """`helm install` of the chart with the real node's values; waits until the node plugin
+    runs, registered `nvidia.com/gpu` with the kubelet and reported its cards."""
+    from kubernetes import client
+
+    gpu_root, gpu_env, token = before_install(node_cluster, core)
     values = node_cluster.node_dir / "chart-values.yaml"
     values.write_text(yaml.safe_dump(chart_values(node_cluster, gpu_env, gpu_root)))
     home = tmp_path_factory.mktemp("helm")

@@ -6,5 +6,8 @@
   servers, and a device manager that calls the plugin in the kubelet's order.
 - :mod:`.controlplane`: the two REST endpoints of docs/allocation.md, the inventory endpoint of
   DESIGN §7 and a pod GET of the API server, on loopback.
+- :mod:`.dra`: the kubelet's DRA side (plugin watcher on the registry directory, the
+  ``DRAPlugin`` client) and the API server's ResourceClaims and ResourceSlices, for DRA mode.
+- :mod:`.jsonhttp`: the JSON-over-HTTP base of the fake servers.
 - :mod:`.plugin`: runs ``python -m nodeplugin`` as a subprocess against all of the above.
 """

@@ -24,10 +24,11 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from nodeplugin import allocation as alloc_mod
+from tests.nodeplugin.harness.jsonhttp import JsonHandler
 
 INVENTORY_KEYS = {"plugin_version", "cards"}
 USAGE_KEYS = {
@@ -128,12 +129,7 @@ class FakeControlPlane:
     def start(self) -> None:
         plane = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(JsonHandler):
             def setup(self) -> None:
                 super().setup()
                 # like production servers: no Nagle delay between the headers and the body
@@ -147,12 +143,7 @@ class FakeControlPlane:
                 super().finish()
 
             def _send(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(status, body)
                 with plane.lock:
                     plane.requests.append((self.command, self.path, status))
 

@@ -108,6 +108,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and (eq .Values.mode "dra") .Values.cardModes.migResources -}}
 {{- fail "mode=dra cannot serve cardModes.migResources=true: NVIDIA's nvidia.com/mig-<profile> resources are served through the webhook and the extender, which DRA mode does not run; ask MIG devices with the DeviceClass mig.gpu.tessera.io instead (docs/dra.md)" -}}
 {{- end -}}
+{{- if and (eq .Values.mode "dra") (eq .Values.nodeplugin.allocationSource "annotation") -}}
+{{- fail "mode=dra cannot serve nodeplugin.allocationSource=annotation: in DRA mode the node plugin prepares ResourceClaims and reads no pod's allocation; leave nodeplugin.allocationSource=controlplane (docs/dra.md)" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "dra") (ne .Values.nodeplugin.deviceMode "cdi") -}}
+{{- fail (printf "mode=dra cannot serve nodeplugin.deviceMode=%v: the kubelet hands a prepared claim's devices to the runtime as CDI IDs only; use nodeplugin.deviceMode=cdi (docs/dra.md)" .Values.nodeplugin.deviceMode) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Environment ------------------------------------------------------------------------------ */}}
