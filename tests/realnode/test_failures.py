@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from e2e import images
-from e2e.cluster import Options
+from e2e.cluster import ApiServerOnly, Options
 from e2e.harness import HarnessError, build_binaries, run_folder
 from e2e.node import LOCK_FILE, RealNodeCluster
 from e2e.processes import processes_of_run
-from tests.deploy.chart import ApiServerOnly
 
 
 class NodeOnApiServer(RealNodeCluster, ApiServerOnly):
