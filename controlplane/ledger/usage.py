@@ -37,10 +37,10 @@ from controlplane.scheduling import (
 )
 
 EMPTY_CARD = CardClaim(0, 0, 0, False)
-# The columns of a slice row as the core folds them (`LedgerSlice`).
+# The columns of a slice row as the core folds them (`LedgerSlice`), the resident part last.
 SLICE_ROW = (
     "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent",
-    "sidecar",
+    "sidecar", "mig_start", "mig_size", "resident_mib",
 )  # fmt: skip
 _EXCLUSIVE = Max(Case(When(compute_percent__gte=EXCLUSIVE_CORES, then=Value(1)), default=Value(0)))
 
