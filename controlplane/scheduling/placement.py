@@ -394,14 +394,22 @@ def assignments(
         for p in picks:
             card = view.cards[p]
             need = cp.need(card.memory_mib)
-            resident = None
+            # Positional, and the resident part only where it is below the slice: keywords cost
+            # a third more, and every bind builds these.
             if factors is not None and cp.oversub and factors[p] > FACTOR_ONE:
                 resident = resident_mib(need, factors[p])
-            # Positional: keywords cost a third more, and every bind builds these.
+                if resident < need:
+                    out.append(
+                        Assignment(
+                            c.name, c.index, c.init, card.uuid, need, c.cores, c.sidecar,
+                            c.priority, mode, "", 0, 0, resident,
+                        )
+                    )  # fmt: skip
+                    continue
             out.append(
                 Assignment(
                     c.name, c.index, c.init, card.uuid, need, c.cores, c.sidecar, c.priority,
-                    mode, "", 0, 0, None if resident == need else resident,
+                    mode,
                 )
             )  # fmt: skip
     return tuple(out)
