@@ -31,6 +31,7 @@ from controlplane.scheduling import (
 from controlplane.scheduling.memory import FactorError, min_factor, virtual_mib
 from tests.pods import gpu_container, pod_json
 from tests.scheduling.builders import card
+from tests.scheduling.test_properties import check_against_reference, fast_requests, tight_nodes
 
 OPT_IN = "tessera.io/memory-oversubscription"
 L4 = 24576
@@ -327,3 +328,61 @@ def test_with_every_factor_1_an_opted_in_pod_is_placed_as_one_without(
     assert isinstance(plain, tuple) == isinstance(opted, tuple)
     if isinstance(plain, tuple):
         assert plain == opted
+
+
+# --- the filter's shortcuts on oversubscribed nodes ----------------------------------------------
+
+
+@st.composite
+def oversubscribed(draw: st.DrawFn) -> NodeState:
+    """A tight node of test_properties whose cards carry factors, slices past their memory and
+    resident sums below their memory sums, and a host spill reserve."""
+    node = draw(tight_nodes())
+    cards = []
+    for c in node.cards:
+        factor = draw(FACTORS)
+        virtual = virtual_mib(c.memory_mib, factor)
+        used = draw(st.sampled_from((c.used_memory_mib, c.used_memory_mib, virtual,
+                                     (c.memory_mib + virtual) // 2)))  # fmt: skip
+        # Bound at any factor up to 16 and lowered since: the resident sum may be as low as
+        # used / 16, and then the virtual budget is the smaller one.
+        least = resident_mib(used, 1600)
+        resident = draw(st.integers(least, max(least, min(used, c.memory_mib))))
+        cards.append(replace(c, factor=factor, used_memory_mib=used, used_resident_mib=resident))
+    reserve = draw(st.sampled_from((0, 2000, 10000, 50000)))
+    return NodeState(node.name, True, False, tuple(cards), reserve, draw(st.integers(0, reserve)))
+
+
+def as_plain(node: NodeState) -> NodeState:
+    """The same node with factor 1 everywhere and each card's free memory what a slice without
+    the opt-in may take on the original."""
+    cards = tuple(
+        replace(
+            c, factor=100, used_resident_mib=None, used_memory_mib=c.memory_mib - c.free_memory_mib
+        )
+        for c in node.cards
+    )
+    return NodeState(node.name, True, False, cards)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node=oversubscribed(), request=fast_requests(), opted=st.booleans())
+def test_every_shortcut_answers_as_the_greedy_on_oversubscribed_nodes(
+    node: NodeState, request: PodRequest, opted: bool
+) -> None:
+    if opted:
+        request = replace(request, memory_oversubscription=True)
+    fit = fit_node(node, request)
+    placed = place_on_node(node, request)
+    feasible, _ = filter_nodes(Snapshot.build([node]), request)
+    assert fit.feasible == isinstance(placed, tuple) == (feasible == [node.name])
+    if not fit.feasible:
+        assert fit.refusals and all(r.message for r in fit.refusals)
+    if not opted:
+        # A pod without the opt-in sees each card's smaller budget as its free memory, exactly:
+        # the same cards as on a plain node with that much free, and as the reference model.
+        plain = place_on_node(as_plain(node), request)
+        assert isinstance(plain, tuple) == isinstance(placed, tuple)
+        if isinstance(placed, tuple):
+            assert placed == plain
+        check_against_reference(as_plain(node), request)
