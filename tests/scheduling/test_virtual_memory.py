@@ -29,6 +29,7 @@ from controlplane.scheduling import (
     resident_mib,
 )
 from controlplane.scheduling.memory import FactorError, min_factor, virtual_mib
+from controlplane.scheduling.preempt import Candidate, Victims, choose_victims
 from tests.pods import gpu_container, pod_json
 from tests.scheduling.builders import card
 from tests.scheduling.test_properties import check_against_reference, fast_requests, tight_nodes
@@ -386,3 +387,28 @@ def test_every_shortcut_answers_as_the_greedy_on_oversubscribed_nodes(
         if isinstance(placed, tuple):
             assert placed == plain
         check_against_reference(as_plain(node), request)
+
+
+# --- preemption ------------------------------------------------------------------------------
+
+
+def test_preemption_frees_the_budget_that_refused() -> None:
+    """Three opted-in pods fill the card's resident budget and the node's spill reserve; a
+    higher-priority pod asking 60 % needs one of them gone, whichever budget it meets."""
+    node = one_card_node(factor=200, reserve=900)
+    held = []
+    for i in range(3):
+        request = pod(f"p{i}", percent("main", 60), opted=True)
+        placed = place_on_node(node, request)
+        assert isinstance(placed, tuple)
+        claims = claims_per_card(a.to_claim() for a in placed)
+        held.append(Candidate(f"uid-{i}", "ml", f"p{i}", 0, float(i), claims))
+        node = node.with_claims(claims)
+    for opted in (True, False):
+        urgent = pod("urgent", percent("main", 60 if opted else 20), opted=opted)
+        assert not fit_node(node, urgent).feasible
+        victims = choose_victims(node, urgent, held, priority=10)
+        assert isinstance(victims, Victims) and len(victims.pods) == 1
+        freed = node.without_claims([victims.pods[0].claims], frozenset())
+        assert freed.used_spill_mib == 600 and freed.cards[0].resident_used == 600
+        assert fit_node(freed, urgent).feasible
