@@ -228,13 +228,15 @@ def _budget_reason(
         rf, vf, spill_left = rfree - taken, vfree - taken, 0
     resident = resident_mib(need, factor) if cp.oversub and budgets is not None else need
     if resident > rf:
-        if resident == need:
+        if cp.oversub and budgets is not None:
+            why = f"{need} MiB / factor {format_factor(factor)}, rounded up"
+        elif budgets is not None:
+            why = "an init container's slice stays on the card in full"
+        else:
             why = (
                 f'a slice of a pod without {ANN_MEMORY_OVERSUBSCRIPTION}: "true" stays on the '
                 "card in full"
             )
-        else:
-            why = f"{need} MiB / factor {format_factor(factor)}, rounded up"
         return Refusal(
             ReasonCode.INSUFFICIENT_MEMORY,
             f"{name}: {who} needs {resident} MiB of resident memory ({why}), {max(rf, 0)} MiB "

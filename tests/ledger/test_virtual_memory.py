@@ -173,3 +173,40 @@ def test_the_node_plugin_record_parser_refuses_a_bad_resident_part() -> None:
     for bad in (0, 601, "300", True, 1.5):
         with pytest.raises(allocation.InvalidAllocation, match="resident_mib"):
             allocation.verify_allocation(record(bad))
+
+
+def test_card_usage_sums_the_resident_parts_as_the_snapshot_does() -> None:
+    apply_inventory("v", report(), "test")
+    one_card()
+    for i in range(3):
+        bindings.bind_pod(request(f"p{i}", 60, True), "v")
+    bindings.bind_pod(request("small", 5, False), "v")
+    # An opted-in pod with a sidecar and an ordinary init container: folded at its peak.
+    body = pod_json("folded", uid="uid-folded", containers=[gpu_container("app", mem=20)])
+    side = gpu_container("side", mem=20)
+    side["restartPolicy"] = "Always"
+    body["spec"]["initContainers"] = [side, gpu_container("init", mem=30)]
+    body["metadata"]["annotations"] = {OPT_IN: "true"}
+    folded = parse_pod(body)
+    assert folded is not None
+    bindings.bind_pod(folded, "v")
+    held = usage.card_usage()
+    assert usage.claims_of(sql.active_slices()) == held
+    card = Card.objects.get(uuid="GPU-v-0")
+    # memory: 1800 + 50 + max(20 + 20, 30 + 20) = 1900; resident: 900 + 50 + max(10 + 10,
+    # 30 + 10) = 990; spill: 900 + max(10 + 10, 0 + 10) = 920
+    claim = held[card.pk]
+    assert (claim.memory_mib, claim.resident, claim.spill_mib) == (1900, 990, 920)
+
+
+def test_what_would_make_it_fit_counts_a_card_s_smaller_budget() -> None:
+    from controlplane.ledger import fit_hints
+
+    apply_inventory("v", report(), "test")
+    one_card()
+    for i in range(3):
+        bindings.bind_pod(request(f"p{i}", 60, True), "v")
+    rooms = {r.card: r.free_memory_mib for r in fit_hints.free_rooms()}
+    # 1000 MiB card at factor 2: 900 MiB resident, 1800 MiB of 2000 virtual: 100 MiB for a
+    # slice that stays on the card (the plain sum would say none).
+    assert rooms["GPU-v-0"] == 100
