@@ -70,8 +70,9 @@ class CardState:
 
     @property
     def virtual_mib(self) -> int:
-        """The most MiB the card's slices may add up to (f x its memory)."""
-        return virtual_mib(self.memory_mib, self.factor)
+        """The most MiB the card's slices may add up to: f x its memory on a shared card, its
+        memory on a card of another mode (only shared cards oversubscribe)."""
+        return virtual_mib(self.memory_mib, self.factor if self.mode == SHARED else FACTOR_ONE)
 
     @property
     def schedulable(self) -> bool:
