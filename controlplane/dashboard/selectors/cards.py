@@ -38,7 +38,7 @@ class SliceView:
     init: bool
     memory_mib: int
     cores: int
-    memory_share: float  # percent of the card's memory
+    memory_share: float  # percent of the card's memory (of f x it where oversubscribed)
     cores_share: float  # percent of the card's compute
     mig_profile: str = ""  # on a MIG card: the GPU instance's profile and placement
     mig_start: int | None = None
@@ -252,7 +252,7 @@ def card_views(
                 row.init_container,
                 row.memory_mib,
                 row.compute_percent,
-                percent(row.memory_mib, card.memory_mib),
+                percent(row.memory_mib, card.virtual_mib),  # the bar is f x the memory
                 percent(row.compute_percent, card.compute_units),
                 row.mig_profile,
                 row.mig_start,
