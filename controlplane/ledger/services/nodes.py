@@ -406,31 +406,6 @@ def mark_deleted_nodes(cluster_nodes: set[str], actor: str) -> int:
     return len(gone)
 
 
-def lock_card(uuid: str) -> Card:
-    """The card's row, locked after its node's (the lock order), with its node; NotFound."""
-    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
-    if card is None:
-        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
-    Node.objects.select_for_update().filter(pk=card.node_id).first()
-    return Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
-
-
-@transaction.atomic(durable=True)
-def set_card_slots(uuid: str, slots: int, actor: str) -> Card:
-    """How many slices the card may hold at once. Audited when it changes; taking slots away
-    below what the card holds now leaves those slices alone and places nothing new there.
-    Locks the card's node first, as bind does."""
-    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
-        raise ServiceError(f"slots: give a whole number from 1 to {MAX_SLOTS}", field="slots")
-    card = lock_card(uuid)
-    if card.slots != slots:
-        before, card.slots = card.slots, slots
-        card.save(update_fields=["slots"])
-        record_event(actor, "card-slots", "card", uuid, node=card.node.name, before=before,
-                     after=slots)  # fmt: skip
-    return card
-
-
 @dataclass(frozen=True, slots=True)
 class CardFactor:
     """A card after `set_card_factor`: its own factor before and after (hundredths, None: the
@@ -452,7 +427,8 @@ def set_card_factor(uuid: str, factor: str | None, actor: str, reason: str = "")
     Locks the card's node first, as bind does, and checks the factor that would apply against
     what the card holds under that lock: one whose virtual budget (f x memory) would no longer
     hold the card's slices is refused (Conflict, naming the figures) and changes nothing. Bound
-    slices keep their resident parts whatever the factor; it decides the room left."""
+    slices keep their resident parts whatever the factor (the card's resident sum is the same
+    under any factor): it decides the room left."""
     own = None
     if factor is not None:
         try:
@@ -478,3 +454,28 @@ def set_card_factor(uuid: str, factor: str | None, actor: str, reason: str = "")
             after=None if own is None else format_factor(own), applies=format_factor(applied),
         )  # fmt: skip
     return CardFactor(uuid, card.node.name, before, own, applied)
+
+
+def lock_card(uuid: str) -> Card:
+    """The card's row, locked after its node's (the lock order), with its node; NotFound."""
+    card = Card.objects.filter(uuid=uuid).only("id", "node_id").first()
+    if card is None:
+        raise NotFound(f"card {uuid!r} is not registered with Tessera", field="uuid")
+    Node.objects.select_for_update().filter(pk=card.node_id).first()
+    return Card.objects.select_for_update(of=("self",)).select_related("node").get(pk=card.pk)
+
+
+@transaction.atomic(durable=True)
+def set_card_slots(uuid: str, slots: int, actor: str) -> Card:
+    """How many slices the card may hold at once. Audited when it changes; taking slots away
+    below what the card holds now leaves those slices alone and places nothing new there.
+    Locks the card's node first, as bind does."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+        raise ServiceError(f"slots: give a whole number from 1 to {MAX_SLOTS}", field="slots")
+    card = lock_card(uuid)
+    if card.slots != slots:
+        before, card.slots = card.slots, slots
+        card.save(update_fields=["slots"])
+        record_event(actor, "card-slots", "card", uuid, node=card.node.name, before=before,
+                     after=slots)  # fmt: skip
+    return card
