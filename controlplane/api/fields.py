@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 from rest_framework.settings import api_settings
+
+from controlplane.scheduling import FACTOR_PATTERN
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -86,3 +89,20 @@ class StrictSerializer(serializers.Serializer):
         if refused:
             raise serializers.ValidationError(refused)
         return super().to_internal_value(data)
+
+
+class FactorField(StrictCharField):
+    """An oversubscription factor (docs/virtual-memory.md): a JSON string holding a decimal from
+    "1" to "16" with at most two decimal places (`parse_factor` turns it into hundredths). The
+    pattern is the core's, so the schema says exactly what the field takes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 5)
+        super().__init__(**kwargs)
+        self.validators.append(
+            RegexValidator(
+                FACTOR_PATTERN,
+                'Must be a decimal from "1" to "16" with at most two decimal places, such as '
+                '"1.5".',
+            )
+        )

@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.api.fields import (
+    FactorField,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
@@ -28,12 +29,14 @@ from controlplane.ledger.services.nodes import (
     MigInstanceReport,
     MigReport,
 )
+from controlplane.scheduling import parse_factor
 
 MAX_CARDS_PER_NODE = 64
 MAX_CARD_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far beyond any GPU; larger is a unit mistake
 # Containers x cards one usage report may list: 64 cards of 64 slots each is already more than
 # any node runs; a longer list is broken or forged.
 MAX_USAGE_ENTRIES = 4096
+MAX_HOST_MEMORY_MIB = 1 << 36  # 64 PiB of host memory: a larger figure is a unit mistake
 
 
 class MigInstanceReportSerializer(StrictSerializer):
@@ -127,10 +130,44 @@ class ContainerUsageSerializer(StrictSerializer):
         help_text="Percent of the card's SM time its processes used in the last sample period; "
         "null when NVML gives no per-process figure (MIG cards, older drivers).",
     )
+    memory_resident_mib = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_CARD_MEMORY_MIB,
+        required=False,
+        help_text="Optional (virtual device memory): what the container holds on the card, from "
+        "the shim's region.",
+    )
+    memory_spilled_mib = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_CARD_MEMORY_MIB,
+        required=False,
+        help_text="Optional (virtual device memory): what the container has spilled to host "
+        "memory, from the shim's region.",
+    )
 
 
 class InventoryReportSerializer(StrictSerializer):
     plugin_version = StrictCharField(max_length=64, allow_blank=True)
+    memory_oversubscription = FactorField(
+        required=False,
+        help_text="Optional: the default oversubscription factor of the node's cards, a string "
+        'from "1" to "16" with at most two decimal places (absent: "1", off). A card\'s own '
+        "factor, set by an operator, wins (docs/virtual-memory.md).",
+    )
+    spill_reserve_mib = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_HOST_MEMORY_MIB,
+        required=False,
+        help_text="Optional: host memory (MiB) set aside for what opted-in slices spill; absent: "
+        "0, none.",
+    )
+    host_memory_mib = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_HOST_MEMORY_MIB,
+        required=False,
+        help_text="Optional: the node's memory (MemTotal) in MiB; the spill reserve may not "
+        "exceed it.",
+    )
     cards = CardReportSerializer(
         many=True,
         max_length=MAX_CARDS_PER_NODE,
@@ -156,6 +193,12 @@ class InventoryReportSerializer(StrictSerializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        reserve, host = attrs.get("spill_reserve_mib"), attrs.get("host_memory_mib")
+        if reserve is not None and host is not None and reserve > host:
+            raise serializers.ValidationError(
+                {"spill_reserve_mib": f"{reserve} MiB is more than the node's memory "
+                 f"(host_memory_mib {host} MiB): set aside at most what the node has."}
+            )  # fmt: skip
         uuids = {c["uuid"] for c in attrs["cards"]}
         seen: dict[tuple[str, ...], int] = {}
         for position, u in enumerate(attrs.get("usage") or []):
@@ -208,6 +251,11 @@ class InventoryReportSerializer(StrictSerializer):
             usage=None
             if "usage" not in data
             else tuple(ContainerUsageReport(**u) for u in data["usage"]),
+            memory_factor=None
+            if data.get("memory_oversubscription") is None
+            else parse_factor(data["memory_oversubscription"]),
+            spill_reserve_mib=data.get("spill_reserve_mib"),
+            host_memory_mib=data.get("host_memory_mib"),
         )
 
 

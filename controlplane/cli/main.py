@@ -41,6 +41,11 @@ Command = Callable[[Client, argparse.Namespace], Any]
 
 def _card_state(card: dict[str, Any]) -> str:
     states = []
+    factor = card.get("memory_oversubscription")
+    if factor not in (None, "1"):
+        # virtual device memory: its slices may add up to factor x the card (docs/virtual-memory.md)
+        virtual = render.used_of(card.get("memory_allocated_mib"), card.get("memory_virtual_mib"))
+        states.append(f"oversubscribed x{factor} ({virtual} MiB virtual)")
     if card.get("pending_mode"):
         states.append(f"draining->{card['pending_mode']}")
     if card.get("cordoned"):
@@ -176,8 +181,15 @@ def top_table(slices: list[dict[str, Any]]) -> str:
     if not slices:
         return "No pods hold a GPU slice."
     headers = ["NAMESPACE", "POD", "CONTAINER", "NODE", "CARD", "MEMORY(MiB)", "COMPUTE(%)"]
-    rows = [
-        [
+    # Virtual device memory (docs/virtual-memory.md): where some slice may spill or some
+    # container reports a spill, two more columns, next to the slice: resident/resident part
+    # and spilled. A cluster that does not use it reads as before.
+    spilling = any(s.get("resident_mib") is not None or s.get("memory_spilled_mib") for s in slices)
+    if spilling:
+        headers += ["RESIDENT(MiB)", "SPILLED(MiB)"]
+    rows = []
+    for s in slices:
+        row = [
             s["namespace"],
             s["pod"],
             s["container"] + (" (init)" if s.get("init") else ""),
@@ -188,8 +200,15 @@ def top_table(slices: list[dict[str, Any]]) -> str:
             render.used_of(s.get("memory_used_mib"), s.get("memory_mib")),
             render.used_of(s.get("compute_used_percent"), s.get("compute_percent")),
         ]
-        for s in slices
-    ]
+        if spilling:
+            part = s.get("resident_mib")
+            row += [
+                render.used_of(
+                    s.get("memory_resident_mib"), s["memory_mib"] if part is None else part
+                ),
+                "-" if s.get("memory_spilled_mib") is None else str(s["memory_spilled_mib"]),
+            ]
+        rows.append(row)
     return render.table(headers, rows)
 
 
@@ -286,6 +305,16 @@ def cmd_mode(client: Client, args: argparse.Namespace) -> Any:
         status = card.get("mode_status") or f"draining: becomes {card['pending_mode']}"
         return card, f"card/{args.card} {status}"
     return card, f"card/{args.card} mode {card.get('mode', args.mode)}"
+
+
+def cmd_oversubscribe(client: Client, args: argparse.Namespace) -> Any:
+    factor = None if args.factor == "default" else args.factor
+    body = {"factor": factor, "reason": args.reason or ""}
+    card = client.call("POST", f"cards/{_segment(args.card, 'card')}/memory-oversubscription", body)
+    card = card or {}
+    applied = card.get("memory_oversubscription", factor or "the node's")
+    own = "" if card.get("memory_oversubscription_own") else " (the node's default)"
+    return card, f"card/{args.card} memory oversubscription x{applied}{own}"
 
 
 # --- arguments --------------------------------------------------------------------------------
@@ -422,6 +451,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("mode", cmd_mode, "operator", "change a card's mode (drains first if it holds slices)")
     p.add_argument("card", metavar="CARD-UUID")
     p.add_argument("mode", choices=MODES)
+    p.add_argument("--reason", default="", help="for the audit log")
+
+    p = add(
+        "oversubscribe",
+        cmd_oversubscribe,
+        "operator",
+        "set a card's memory oversubscription factor (1 to 16; 'default': its node's)",
+    )
+    p.add_argument("card", metavar="CARD-UUID")
+    p.add_argument("factor", metavar="FACTOR", help='e.g. 1.5; "1" turns it off')
     p.add_argument("--reason", default="", help="for the audit log")
     return top
 

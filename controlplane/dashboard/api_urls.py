@@ -1,8 +1,8 @@
 """/api/v1/ routes of the operations API: quotas, nodes, cards, slices, bindings, cordons, card
-modes.
+modes, cards' oversubscription factors.
 
-Cordon and mode routes take the path with or without a trailing slash: a POST must never depend
-on a redirect.
+Cordon, mode and factor routes take the path with or without a trailing slash: a POST must
+never depend on a redirect.
 """
 
 from django.urls import URLPattern, URLResolver, path, re_path
@@ -36,6 +36,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
         name="api-card-uncordon",
     ),
     re_path(rf"^cards/{UUID}/mode/?$", v.CardModeView.as_view(), name="api-card-mode"),
+    re_path(
+        rf"^cards/{UUID}/memory-oversubscription/?$",
+        v.CardFactorView.as_view(),
+        name="api-card-memory-oversubscription",
+    ),
     path("slices/", v.SliceListView.as_view(), name="api-slices"),
     path("bindings/", v.BindingListView.as_view(), name="api-bindings"),
 ]

@@ -1,5 +1,5 @@
 """Operations REST API: quotas (CRUD), nodes, cards, slices and bindings (read), cordons,
-card modes.
+card modes, cards' oversubscription factors.
 
 Viewers read; operators write. Authentication is a bearer token or the dashboard's session
 (with its CSRF check). Lists answer `{"count", "next", "previous", "results"}`, 50 rows a page
@@ -29,6 +29,7 @@ from controlplane.dashboard import selectors
 from controlplane.dashboard.serializers import (
     BindingSerializer,
     CardDetailSerializer,
+    CardFactorSerializer,
     CardModeSerializer,
     CardSerializer,
     CordonSerializer,
@@ -38,7 +39,7 @@ from controlplane.dashboard.serializers import (
     SliceSerializer,
 )
 from controlplane.ledger.models import PodBinding
-from controlplane.ledger.services import cordons, modes, quotas
+from controlplane.ledger.services import cordons, modes, nodes, quotas
 from controlplane.ledger.validation import MAX_NUMBER_DIGITS, whole_number
 
 MAX_PAGE_SIZE = 500
@@ -457,6 +458,41 @@ class CardModeView(GenericAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         modes.set_card_mode(uuid, data["mode"], request.user.get_username(), data["reason"])
+        detail = selectors.card_detail(uuid)
+        assert detail is not None  # the service raised NotFound otherwise
+        return Response(CardSerializer(detail.card).data)
+
+
+class CardFactorView(GenericAPIView):
+    """POST `/api/v1/cards/<uuid>/memory-oversubscription` (operator): the card's own
+    oversubscription factor (docs/virtual-memory.md), or null to follow its node's again."""
+
+    permission_classes = [OperatorOnly]
+    serializer_class = CardFactorSerializer
+
+    @extend_schema(
+        summary="Set a card's memory oversubscription factor, 1 to 16 (operator)",
+        description="Slices of pods that opt in (annotation tessera.io/memory-oversubscription: "
+        '"true") may then add up to factor x the card\'s memory, each keeping memory / factor '
+        "on the card. A factor whose virtual budget would no longer hold the card's slices is "
+        "refused (409) and changes nothing. `null` clears the card's own factor: the node's "
+        "reported default applies.",
+        examples=[
+            OpenApiExample(
+                "to 1.5", value={"factor": "1.5", "reason": "notebooks"}, request_only=True
+            )
+        ],
+        responses={
+            200: CardSerializer,
+            409: conflict("The factor would no longer hold what the card holds."),
+        },
+    )
+    def post(self, request: Request, uuid: str) -> Response:
+        check_path(uuid=("card", uuid))
+        serializer = CardFactorSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        nodes.set_card_factor(uuid, data["factor"], request.user.get_username(), data["reason"])
         detail = selectors.card_detail(uuid)
         assert detail is not None  # the service raised NotFound otherwise
         return Response(CardSerializer(detail.card).data)

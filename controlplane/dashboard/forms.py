@@ -56,6 +56,14 @@ class CardModeForm(forms.Form):
     reason = forms.CharField(max_length=MAX_REASON, required=False)
 
 
+class CardFactorForm(forms.Form):
+    """A card's own oversubscription factor ("1.5"; blank: back to the node's default), with an
+    optional reason for the audit log. The ledger's service checks the factor."""
+
+    factor = forms.CharField(max_length=5, required=False, strip=True)
+    reason = forms.CharField(max_length=MAX_REASON, required=False)
+
+
 ROLE_CHOICES = [(r, r) for r in ("viewer", "operator", "admin", "node")]
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictCharField, StrictIntegerField, StrictSerializer
+from controlplane.api.fields import (
+    FactorField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 from controlplane.api.names import NamespaceField
 from controlplane.ledger.models import Card
 from controlplane.ledger.services.mode_rules import MODES
@@ -69,6 +74,23 @@ class QuotaLimitsSerializer(QuotaSerializer):
 class CordonSerializer(StrictSerializer):
     reason = StrictCharField(
         max_length=500, required=False, allow_blank=True, default="", help_text="For the audit log."
+    )
+
+
+class CardFactorSerializer(StrictSerializer):
+    """POST body of a card's oversubscription factor (docs/virtual-memory.md)."""
+
+    factor = FactorField(
+        allow_null=True,
+        help_text='A decimal string from "1" to "16" with at most two decimal places ("1" = '
+        "off); null: back to the node's reported default.",
+    )
+    reason = StrictCharField(
+        max_length=MAX_REASON,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="For the audit log.",
     )
 
 
@@ -145,6 +167,24 @@ class CardSerializer(serializers.Serializer):
     mig_capable = serializers.BooleanField(help_text="The node plugin reports MIG support.")
     mig_enabled = serializers.BooleanField(help_text="MIG is on in the GPU now.")
     mig_instances = MigInstanceSerializer(many=True, help_text="Its active MIG slices.")
+    memory_oversubscription = serializers.CharField(
+        source="factor_text",
+        help_text='The oversubscription factor that applies, e.g. "1" (off) or "1.5": the '
+        "card's own, else its node's reported default (docs/virtual-memory.md).",
+    )
+    memory_oversubscription_own = serializers.CharField(
+        source="own_factor_text",
+        allow_null=True,
+        help_text="The factor an operator set on the card; null: it follows its node's.",
+    )
+    memory_virtual_mib = serializers.IntegerField(
+        source="virtual_mib", help_text="f x memory_mib: what the card's slices may add up to."
+    )
+    memory_resident_allocated_mib = serializers.IntegerField(
+        source="resident_allocated_mib",
+        help_text="What the card's slices keep on the card; memory_allocated_mib less this may "
+        "spill to host memory.",
+    )
 
 
 class CardDetailSerializer(CardSerializer):
@@ -184,6 +224,21 @@ class SliceSerializer(serializers.Serializer):
         allow_null=True,
         help_text="Percent of the card's SM time the container used in the plugin's last sample "
         "(NVML); null when not known.",
+    )
+    resident_mib = serializers.IntegerField(
+        allow_null=True,
+        help_text="The slice's resident part: what stays on the card when its pod opted in to "
+        "virtual device memory (docs/virtual-memory.md); null: all of memory_mib.",
+    )
+    memory_resident_mib = serializers.IntegerField(
+        allow_null=True,
+        help_text="Of memory_used_mib, what the container holds on the card now (the shim's "
+        "region); null when not known.",
+    )
+    memory_spilled_mib = serializers.IntegerField(
+        allow_null=True,
+        help_text="What the container has spilled to host memory now (the shim's region); null "
+        "when not known.",
     )
     used_at = serializers.DateTimeField(
         allow_null=True, help_text="When the node plugin reported the two figures above."

@@ -22,6 +22,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("cards/<str:uuid>/", views.card, name="card"),
     path("cards/<str:uuid>/cordon/", views.card_cordon, name="card-cordon"),
     path("cards/<str:uuid>/mode/", views.card_mode, name="card-mode"),
+    path(
+        "cards/<str:uuid>/memory-oversubscription/",
+        views.card_factor,
+        name="card-memory-oversubscription",
+    ),
     path("bindings/", views.bindings, name="bindings"),
     path("pods/<str:namespace>/<str:name>/", views.pod, name="pod"),
     path("quotas/", views.quotas, name="quotas"),

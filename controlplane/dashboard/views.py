@@ -22,14 +22,22 @@ from controlplane.dashboard import grid as card_grid
 from controlplane.dashboard import selectors, services
 from controlplane.dashboard.access import forbidden, role_required
 from controlplane.dashboard.charts import allocation_chart
-from controlplane.dashboard.forms import CardModeForm, CordonForm, GrantRoleForm, QuotaForm
+from controlplane.dashboard.forms import (
+    CardFactorForm,
+    CardModeForm,
+    CordonForm,
+    GrantRoleForm,
+    QuotaForm,
+)
 from controlplane.dashboard.looks import namespace_looks
 from controlplane.ledger import fit_hints
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import Card, PodBinding
 from controlplane.ledger.services import cordons, mode_rules, modes
+from controlplane.ledger.services import nodes as node_services
 from controlplane.ledger.services import quotas as quota_services
 from controlplane.ledger.validation import whole_number
+from controlplane.scheduling import format_factor
 
 POLL_SECONDS = 5
 
@@ -195,6 +203,33 @@ def card_mode(request: HttpRequest, uuid: str) -> HttpResponse:
             messages.success(request, f"Draining: the card becomes {mode} when its slices end.")
         else:
             messages.success(request, f"The card is in {card.mode} mode.")
+    return _back(request, back)
+
+
+@require_POST
+@role_required(Role.VIEWER)
+def card_factor(request: HttpRequest, uuid: str) -> HttpResponse:
+    """POST `/cards/<uuid>/memory-oversubscription/` (operator): the card's own oversubscription
+    factor, or blank for its node's default (docs/virtual-memory.md)."""
+    if not has_role(request.user, Role.OPERATOR):
+        return forbidden(request, Role.OPERATOR)
+    back = reverse("dashboard:card", args=[uuid])
+    form = CardFactorForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, 'Give a factor from 1 to 16, such as "1.5", or leave it blank.')
+        return _back(request, back)
+    factor = form.cleaned_data["factor"] or None
+    try:
+        done = node_services.set_card_factor(
+            uuid, factor, request.user.get_username(), form.cleaned_data["reason"]
+        )
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        whose = "its own" if done.own is not None else "its node's default"
+        messages.success(
+            request, f"Memory oversubscription x{format_factor(done.applied)} ({whose})."
+        )
     return _back(request, back)
 
 

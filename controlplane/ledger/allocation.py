@@ -130,6 +130,7 @@ class Device:
     cores: int
     mode: str = "shared"  # the card's mode (docs/card-modes.md)
     mig: tuple[str, int, int] | None = None  # a MIG instance: (profile, start, size)
+    resident_mib: int | None = None  # below memory_mib: the slice may spill (virtual memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ class SliceRow(NamedTuple):
     mig_profile: str  # blank, and the placement None, on other than MIG cards
     mig_start: int | None
     mig_size: int | None
+    resident_mib: int | None = None  # None: the slice stays on the card in full
 
 
 # The ORM path of each field that is not a Slice column of the same name.
@@ -183,8 +185,11 @@ def containers_of(rows: Iterable[SliceRow]) -> list[ContainerAllocation]:
         profile, size = row.mig_profile, row.mig_size
         mig = (profile, row.mig_start or 0, size) if profile and size else None
         entry[3].append(
-            Device(row.card_uuid, row.card_index, row.memory_mib, row.cores, row.mode, mig)
-        )
+            Device(
+                row.card_uuid, row.card_index, row.memory_mib, row.cores, row.mode, mig,
+                row.resident_mib,
+            )
+        )  # fmt: skip
     return [
         ContainerAllocation(name, index, init, tuple(devices), sidecar, priority)
         for (init, index), (name, sidecar, priority, devices) in containers.items()
@@ -205,6 +210,10 @@ def _device(d: Device) -> dict[str, Any]:
     if d.mig is not None:
         profile, start, size = d.mig
         out["mig"] = {"profile": profile, "size": size, "start": start}
+    # Only below the slice's memory (docs/virtual-memory.md): the record of a slice that stays
+    # on the card in full, every pod without the opt-in, reads byte for byte as before.
+    if d.resident_mib is not None and d.resident_mib < d.memory_mib:
+        out["resident_mib"] = d.resident_mib
     return out
 
 
@@ -273,6 +282,7 @@ class AllocatedDevice:
     cores: int
     mode: str = "shared"
     mig: tuple[str, int, int] | None = None  # (profile, start, size)
+    resident_mib: int | None = None  # None: resident in full
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +365,16 @@ def _allocated_device(d: Mapping[str, Any]) -> AllocatedDevice:
         if not isinstance(mig, Mapping):
             raise InvalidAllocation("device mig must be an object")
         placement = (str(mig["profile"]), int(mig["start"]), int(mig["size"]))
+    memory = int(d["memory_mib"])
+    resident = d.get("resident_mib")
+    if resident is not None and (
+        isinstance(resident, bool) or not isinstance(resident, int) or not 1 <= resident <= memory
+    ):
+        raise InvalidAllocation(
+            f"device resident_mib must be an integer from 1 to memory_mib ({memory}), got "
+            f"{resident!r}"
+        )
     return AllocatedDevice(
-        str(d["uuid"]), int(d["memory_mib"]), int(d["cores"]), str(mode), placement
-    )
+        str(d["uuid"]), memory, int(d["cores"]), str(mode), placement,
+        None if resident is None or resident == memory else resident,
+    )  # fmt: skip

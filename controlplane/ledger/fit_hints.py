@@ -26,7 +26,8 @@ from typing import Any
 from controlplane import rawsql
 from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import Card, NamespaceQuota, SchedulingDecision, Slice
-from controlplane.scheduling import ReasonCode
+from controlplane.ledger.selectors import card_factor
+from controlplane.scheduling import FACTOR_ONE, ReasonCode, virtual_mib
 
 Outcome = SchedulingDecision.Outcome
 # Outcomes of a pod that waits for room (an invalid request waits for its author instead).
@@ -170,16 +171,22 @@ def free_rooms() -> list[Room]:
         )
         .order_by()
         .values_list("id", "uuid", "index", "model", "mode", "node__name", "memory_mib",
-                     "compute_units", "slots")
+                     "compute_units", "slots", "memory_factor", "node__memory_factor")
     )  # fmt: skip
     held = ledger_usage.card_usage()
     rooms = []
-    for card_id, uuid, index, model, mode, node, memory, compute, slots in rows:
+    for card_id, uuid, index, model, mode, node, memory, compute, slots, own, dflt in rows:
         used = held.get(card_id, ledger_usage.EMPTY_CARD)
         if used.exclusive or used.slots >= slots:
             continue  # no new slice fits beside an exclusive one, nor without a slot
+        # A slice stays on the card in full: room in both budgets (docs/virtual-memory.md),
+        # the card's memory less the resident parts, f x memory less the slices' memory.
+        free = memory - used.memory_mib
+        if mode == Card.Mode.SHARED and (own or dflt) != FACTOR_ONE:
+            virtual = virtual_mib(memory, card_factor(own, dflt))
+            free = min(memory - used.resident, virtual - used.memory_mib)
         rooms.append(
-            Room(node, uuid, index, model, mode, max(memory - used.memory_mib, 0),
+            Room(node, uuid, index, model, mode, max(free, 0),
                  max(compute - used.cores, 0), slots - used.slots, used.slots > 0)
         )  # fmt: skip
     return rooms

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 
@@ -61,9 +61,29 @@ class Node(Stamped):
     # scheduling. One list per node, replaced by each heartbeat that carries one.
     usage = models.JSONField(default=list, blank=True)
     usage_at = models.DateTimeField(null=True, blank=True)
+    # Virtual device memory (docs/virtual-memory.md), as the node plugin reports it: the
+    # default oversubscription factor of its cards (in hundredths: 100 = 1, off), the host
+    # memory set aside for what opted-in slices spill, and the node's memory in total.
+    memory_factor = models.PositiveSmallIntegerField(
+        default=100,
+        help_text="Reported default oversubscription factor of the node's cards, in hundredths "
+        "(150 = 1.5); a card's own factor, set by an operator, wins.",
+    )
+    spill_reserve_mib = models.PositiveBigIntegerField(
+        default=0, help_text="Reported: host memory set aside for spilled slices; 0 = none."
+    )
+    host_memory_mib = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Reported: the node's memory (MemTotal) in MiB."
+    )
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(memory_factor__gte=100) & Q(memory_factor__lte=1600),
+                name="node_memory_factor_1_to_16",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -112,10 +132,23 @@ class Card(Stamped):
         blank=True,
         help_text="Reported: the GPU instances NVML lists ({profile, start, size, uuid}).",
     )
+    memory_factor = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Operator's oversubscription factor of the card, in hundredths (150 = 1.5); "
+        "null: the node's reported default (docs/virtual-memory.md).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["node__name", "index"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(memory_factor__isnull=True)
+                | (Q(memory_factor__gte=100) & Q(memory_factor__lte=1600)),
+                name="card_memory_factor_1_to_16",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.uuid} ({self.model}, {self.node_id}#{self.index})"
@@ -193,6 +226,12 @@ class Slice(models.Model):
     mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
     mig_start = models.PositiveSmallIntegerField(null=True, blank=True)
     mig_size = models.PositiveSmallIntegerField(null=True, blank=True)
+    resident_mib = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The part that stays on the card when the pod opted in to virtual device "
+        "memory (docs/virtual-memory.md); null: all of it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -213,6 +252,11 @@ class Slice(models.Model):
             models.CheckConstraint(
                 condition=Q(priority__isnull=True) | Q(priority__lte=1),
                 name="slice_priority_0_or_1",
+            ),
+            models.CheckConstraint(
+                condition=Q(resident_mib__isnull=True)
+                | (Q(resident_mib__gte=1) & Q(resident_mib__lt=F("memory_mib"))),
+                name="slice_resident_below_memory",
             ),
             models.CheckConstraint(
                 condition=(Q(mig_profile="") & Q(mig_start__isnull=True) & Q(mig_size__isnull=True))

@@ -61,7 +61,9 @@ def scheduling_config() -> SchedulingConfig:
 # --- the cluster as the scheduling core sees it --------------------------------------------------
 
 
-def _card_state(card: sql.CardRow, claim: CardClaim | None, mig_used: int) -> CardState:
+def _card_state(
+    card: sql.CardRow, claim: CardClaim | None, mig_used: int, node_factor: int
+) -> CardState:
     healthy = card.healthy and card.present
     reason = card.health_reason if card.present else MISSING_CARD_REASON
     return CardState(
@@ -83,7 +85,15 @@ def _card_state(card: sql.CardRow, claim: CardClaim | None, mig_used: int) -> Ca
         draining=bool(card.pending_mode),
         mig_enabled=card.mig_enabled,
         mig_used=mig_used,
+        factor=card_factor(card.memory_factor, node_factor),
+        used_resident_mib=claim.resident_mib if claim else None,
     )
+
+
+def card_factor(own: int | None, node_default: int) -> int:
+    """A card's oversubscription factor (hundredths): the operator's own, else the node's
+    reported default (docs/virtual-memory.md)."""
+    return node_default if own is None else own
 
 
 def cluster_snapshot(node_names: Iterable[str] | None = None, *, for_pod: str = "") -> Snapshot:
@@ -99,12 +109,19 @@ def cluster_snapshot(node_names: Iterable[str] | None = None, *, for_pod: str = 
 
 def held_claims(value: Any) -> dict[str, CardClaim]:
     """A nomination's claims JSON (card UUID -> [memory, compute, slots, exclusive, MIG
-    mask]; holds written before MIG placements had four)."""
+    mask] and, for a pod whose slices spill there, [resident, spill]; holds written before
+    MIG placements had four)."""
     if isinstance(value, str | bytes):
         value = json.loads(value)
     return {
         str(uuid): CardClaim(
-            int(c[0]), int(c[1]), int(c[2]), bool(c[3]), int(c[4]) if len(c) > 4 else 0
+            int(c[0]),
+            int(c[1]),
+            int(c[2]),
+            bool(c[3]),
+            int(c[4]) if len(c) > 4 else 0,
+            int(c[5]) if len(c) > 5 else None,
+            int(c[6]) if len(c) > 6 else 0,
         )
         for uuid, c in value.items()
     }
@@ -158,10 +175,15 @@ def _build_snapshot(
         if row.mig_size:
             mask = placement_mask(row.mig_start or 0, row.mig_size)
             mig_used[row.card_id] = mig_used.get(row.card_id, 0) | mask
+    factors = {node.pk: node.memory_factor for node in nodes}
     cards_by_node: dict[int, list[CardState]] = defaultdict(list)
+    spill: dict[int, int] = defaultdict(int)
     for card in sorted(cards, key=lambda c: (c.node_id, c.index, c.uuid)):
+        claim = claims.get(card.pk)
+        if claim is not None and claim.spill_mib:
+            spill[card.node_id] += claim.spill_mib
         cards_by_node[card.node_id].append(
-            _card_state(card, claims.get(card.pk), mig_used.get(card.pk, 0))
+            _card_state(card, claim, mig_used.get(card.pk, 0), factors.get(card.node_id, 100))
         )
     return Snapshot(
         nodes=tuple(
@@ -170,6 +192,8 @@ def _build_snapshot(
                 ready=node.ready,
                 cordoned=node.cordoned,
                 cards=tuple(cards_by_node.get(node.pk, ())),
+                spill_reserve_mib=node.spill_reserve_mib,
+                used_spill_mib=spill.get(node.pk, 0),
             )
             for node in nodes
         )

@@ -38,6 +38,8 @@ class NodeRow(NamedTuple):
     name: str
     ready: bool
     cordoned: bool
+    memory_factor: int = 100  # the node's default oversubscription factor, hundredths
+    spill_reserve_mib: int = 0  # host memory set aside for spilled slices
 
 
 class CardRow(NamedTuple):
@@ -59,6 +61,7 @@ class CardRow(NamedTuple):
     mode: str
     pending_mode: str  # blank, or the mode a change waits for: the card is draining
     mig_enabled: bool
+    memory_factor: int | None = None  # the operator's factor (hundredths); None: the node's
 
 
 class SliceRow(NamedTuple):
@@ -73,6 +76,7 @@ class SliceRow(NamedTuple):
     sidecar: bool
     mig_start: int | None  # a MIG instance's placement; None for other slices
     mig_size: int | None
+    resident_mib: int | None = None  # the part that stays on the card; None: all of it
 
 
 class NewSlice(NamedTuple):
@@ -90,18 +94,19 @@ class NewSlice(NamedTuple):
     mig_profile: str
     mig_start: int | None  # NULL, as the size, for a slice that is no MIG instance
     mig_size: int | None
+    resident_mib: int | None = None  # NULL: the slice stays on the card in full
 
 
 # The Slice field each `NewSlice` field writes, where the names differ.
 _NEW_SLICE_FIELDS = {"card_id": "card", "init": "init_container", "cores": "compute_percent"}
 SLICE_VALUES = tuple(_NEW_SLICE_FIELDS.get(f, f) for f in NewSlice._fields)
 
-_NODE = ("id", "name", "ready", "cordoned")
+_NODE = ("id", "name", "ready", "cordoned", "memory_factor", "spill_reserve_mib")
 _CARD = ("id", "node", "uuid", "index", "model", "memory_mib", "compute_units", "slots",
          "numa_node", "healthy", "health_reason", "cordoned", "present", "mode", "pending_mode",
-         "mig_enabled")  # fmt: skip
+         "mig_enabled", "memory_factor")  # fmt: skip
 _SLICE = ("binding", "card", "container_index", "init_container", "memory_mib", "compute_percent",
-          "sidecar", "mig_start", "mig_size")  # fmt: skip
+          "sidecar", "mig_start", "mig_size", "resident_mib")  # fmt: skip
 BINDING_INSERT = ("pod_uid", "namespace", "name", "node", "phase", "reason", "request",
                   "deadline", "reserved_at", "created_at", "updated_at")  # fmt: skip
 DECISION = ("pod_uid", "namespace", "name", "outcome", "summary", "feasible_nodes",
@@ -231,19 +236,19 @@ def _sql(name: str) -> str:
 
 
 def _node(row: Sequence[Any]) -> NodeRow:
-    return NodeRow(row[0], row[1], bool(row[2]), bool(row[3]))
+    return NodeRow(row[0], row[1], bool(row[2]), bool(row[3]), row[4], row[5])
 
 
 def _card(row: Sequence[Any]) -> CardRow:
     return CardRow(
         *row[:9], bool(row[9]), row[10], bool(row[11]), bool(row[12]), row[13], row[14],
-        bool(row[15]),
+        bool(row[15]), row[16],
     )  # fmt: skip
 
 
 def _slice(row: Sequence[Any]) -> SliceRow:
     return SliceRow(
-        row[0], row[1], row[2], bool(row[3]), row[4], row[5], bool(row[6]), row[7], row[8]
+        row[0], row[1], row[2], bool(row[3]), row[4], row[5], bool(row[6]), row[7], row[8], row[9]
     )
 
 
@@ -394,7 +399,11 @@ def _binding_with_slices(n: int) -> str:
     # A VALUES column of nothing but NULLs (no slice asked for a priority, no MIG placement)
     # is text to PostgreSQL: the cast gives it the column's type.
     picked = [
-        f"CAST(v.{c} AS smallint)" if name in ("priority", "mig_start", "mig_size") else f"v.{c}"
+        f"CAST(v.{c} AS smallint)"
+        if name in ("priority", "mig_start", "mig_size")
+        else f"CAST(v.{c} AS integer)"
+        if name == "resident_mib"
+        else f"v.{c}"
         for c, name in zip(given, SLICE_VALUES, strict=True)
     ]
     return (

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Case, Count, Max, QuerySet, Sum, Value, When
+from django.db.models.functions import Coalesce
 
 from controlplane import rawsql
 from controlplane.ledger.models import Slice
@@ -37,10 +38,10 @@ from controlplane.scheduling import (
 )
 
 EMPTY_CARD = CardClaim(0, 0, 0, False)
-# The columns of a slice row as the core folds them (`LedgerSlice`).
+# The columns of a slice row as the core folds them (`LedgerSlice`), the resident part last.
 SLICE_ROW = (
     "binding_id", "card_id", "container_index", "init_container", "memory_mib", "compute_percent",
-    "sidecar",
+    "sidecar", "mig_start", "mig_size", "resident_mib",
 )  # fmt: skip
 _EXCLUSIVE = Max(Case(When(compute_percent__gte=EXCLUSIVE_CORES, then=Value(1)), default=Value(0)))
 
@@ -52,20 +53,23 @@ def claims_of(rows: Iterable[LedgerSlice]) -> dict[int, CardClaim]:
 
 def card_usage() -> dict[int, CardClaim]:
     """Per card id, what it has given away: the sum over pods of each pod's claim (two
-    queries)."""
-    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    queries), the resident parts too (docs/virtual-memory.md)."""
+    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     app = (
         Slice.objects.filter(active=True, init_container=False)
         .order_by()
         .values_list("card_id")
         .annotate(mem=Sum("memory_mib"), cores=Sum("compute_percent"), n=Count("id"),
-                  excl=_EXCLUSIVE)
+                  excl=_EXCLUSIVE, res=Sum(Coalesce("resident_mib", "memory_mib")))
     )  # fmt: skip
-    for card_id, memory, cores, n, exclusive in rawsql.rows_of(app):
-        _add(totals[card_id], memory, cores, n, exclusive)
+    for card_id, memory, cores, n, exclusive, resident in rawsql.rows_of(app):
+        _add(totals[card_id], memory, cores, n, exclusive, resident, memory - resident)
     for _, card_id, delta in _init_corrections(Slice.objects.all()):
         _add(totals[card_id], *delta)
-    return {card: CardClaim(t[0], t[1], t[2], bool(t[3])) for card, t in totals.items()}
+    return {
+        card: CardClaim(t[0], t[1], t[2], bool(t[3]), 0, None if t[4] == t[0] else t[4], t[5])
+        for card, t in totals.items()
+    }
 
 
 def namespace_usage(namespace: str | None = None) -> dict[str, QuotaUsage]:
@@ -93,18 +97,30 @@ def quota_usage(namespace: str) -> QuotaUsage:
     return namespace_usage(namespace).get(namespace, QuotaUsage())
 
 
-def _add(total: list[int], memory: int, cores: int, slots: int, exclusive: Any) -> None:
+def _add(
+    total: list[int],
+    memory: int,
+    cores: int,
+    slots: int,
+    exclusive: Any,
+    resident: int = 0,
+    spill: int = 0,
+) -> None:
     total[0] += memory
     total[1] += cores
     total[2] += slots
     total[3] = total[3] or int(bool(exclusive))
+    if len(total) > 4:  # a card's (a namespace's quota counts memory, not where it lives)
+        total[4] += resident
+        total[5] += spill
 
 
 def _init_corrections(
     slices: QuerySet[Slice], *extra: str
-) -> list[tuple[tuple[Any, ...], int, tuple[int, int, int, bool]]]:
+) -> list[tuple[tuple[Any, ...], int, tuple[int, int, int, bool, int, int]]]:
     """For pods that hold active init slices: what the core's rule adds on top of the plain sum
-    of their app slices, per card: (extra values, card id, (memory, cores, slots, exclusive)).
+    of their app slices, per card: (extra values, card id, (memory, cores, slots, exclusive,
+    resident, spill)).
     The slots may be 1 for a card only an init container uses. One query, over only those pods
     (few: init containers are short)."""
     with_init = slices.filter(active=True, init_container=True).values("binding_id")
@@ -115,20 +131,24 @@ def _init_corrections(
     )
     width = len(SLICE_ROW)
     extra_of = {r[0]: tuple(r[width:]) for r in rows}
-    plain: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+    plain: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     folded: dict[int, list[SliceClaim]] = defaultdict(list)
-    for binding_id, card_id, index, init, memory, cores, sidecar, *_ in rows:
+    for row in rows:
+        binding_id, card_id, index, init, memory, cores, sidecar = row[:7]
+        part = SliceClaim(str(card_id), index, init, memory, cores, sidecar, resident_mib=row[9])
         if not init:
             base = plain[(binding_id, card_id)]
             base[0], base[1], base[2] = base[0] + memory, base[1] + cores, base[2] + 1
-        folded[binding_id].append(SliceClaim(str(card_id), index, init, memory, cores, sidecar))
+            base[3] += part.resident
+            base[4] += memory - part.resident
+        folded[binding_id].append(part)
     out = []
     for binding_id, claims in folded.items():
         for card_key, claim in claims_per_card(claims).items():
-            base = plain.get((binding_id, int(card_key)), [0, 0, 0])
+            base = plain.get((binding_id, int(card_key)), [0, 0, 0, 0, 0])
             delta = (
                 claim.memory_mib - base[0], claim.cores - base[1], claim.slots - base[2],
-                claim.exclusive,
+                claim.exclusive, claim.resident - base[3], claim.spill_mib - base[4],
             )  # fmt: skip
             out.append((extra_of[binding_id], int(card_key), delta))
     return out

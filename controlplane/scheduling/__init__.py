@@ -23,6 +23,16 @@ from controlplane.scheduling.config import (
 )
 from controlplane.scheduling.explain import explain
 from controlplane.scheduling.fit import filter_nodes, fit_node, place_on_node
+from controlplane.scheduling.memory import (
+    FACTOR_ONE,
+    FACTOR_PATTERN,
+    FactorError,
+    factor_refusal,
+    format_factor,
+    parse_factor,
+    resident_mib,
+    virtual_mib,
+)
 from controlplane.scheduling.quantity import parse_quantity
 from controlplane.scheduling.quota import (
     QuotaLimits,
@@ -45,6 +55,8 @@ from controlplane.scheduling.state import CardState, NodeState, Snapshot
 __all__ = [
     "BINPACK",
     "EXCLUSIVE_CORES",
+    "FACTOR_ONE",
+    "FACTOR_PATTERN",
     "MIG_RESOURCE_PREFIX",
     "POLICIES",
     "SPREAD",
@@ -52,6 +64,7 @@ __all__ = [
     "CardClaim",
     "CardState",
     "ContainerRequest",
+    "FactorError",
     "LedgerSlice",
     "NodeFit",
     "NodeState",
@@ -69,14 +82,19 @@ __all__ = [
     "check_quota",
     "claims_per_card",
     "explain",
+    "factor_refusal",
     "filter_nodes",
     "fit_node",
+    "format_factor",
     "least_demand",
+    "parse_factor",
     "parse_pod",
     "parse_quantity",
     "place_on_node",
     "pod_claims",
     "prioritize",
+    "resident_mib",
     "score_node",
     "usage_of",
+    "virtual_mib",
 ]

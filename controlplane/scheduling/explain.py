@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from controlplane.scheduling.claims import EXCLUSIVE_CORES
+from controlplane.scheduling.memory import FACTOR_ONE, format_factor, resident_mib
 from controlplane.scheduling.mig import MigGeometry
 from controlplane.scheduling.placement import (
     Failure,
@@ -21,6 +22,7 @@ from controlplane.scheduling.placement import (
     mig_profile_on,
 )
 from controlplane.scheduling.request import (
+    ANN_MEMORY_OVERSUBSCRIPTION,
     SHARED_MODE,
     CardFilter,
     ContainerPlan,
@@ -126,10 +128,10 @@ def _static_reason(
     return None
 
 
-def _room_reason(card: CardState, p: int, failure: Failure, who: str) -> Refusal:
+def _room_reason(card: CardState, p: int, failure: Failure, who: str, node: NodeState) -> Refusal:
     """Why the card at position ``p`` had no room for the failing container's slice."""
     cp = failure.container
-    fm, fc, fs, busy, ex = failure.state
+    fm, fc, fs, busy, ex, _ = failure.state
     name = failure.labels[p]
     need = cp.need(card.memory_mib)
     # When the pod's own earlier containers took room here, say so: otherwise the numbers
@@ -163,6 +165,9 @@ def _room_reason(card: CardState, p: int, failure: Failure, who: str) -> Refusal
         else:
             msg = f"{name}: all {card.slots} slice slots are taken{note}"
         return Refusal(ReasonCode.NO_FREE_SLOT, msg, card.uuid, card.slots <= 0)
+    budget = _budget_reason(card, p, failure, who, node, note)
+    if budget is not None:
+        return budget
     if need > fm[p]:
         if need > card.memory_mib:
             return Refusal(
@@ -200,6 +205,68 @@ def _room_reason(card: CardState, p: int, failure: Failure, who: str) -> Refusal
     )
 
 
+def _budget_reason(
+    card: CardState, p: int, failure: Failure, who: str, node: NodeState, note: str
+) -> Refusal | None:
+    """Which budget of virtual device memory refused the slice (docs/virtual-memory.md):
+    "resident memory", "virtual memory" or "host spill reserve"; None on a card that does not
+    oversubscribe, or when memory is not what is short (the caller goes on). The resident
+    budget is named first: it is the one a slice without the opt-in meets."""
+    if card.mode != SHARED or (card.factor == FACTOR_ONE and card.used_resident_mib is None):
+        return None
+    cp = failure.container
+    fm, budgets = failure.state[0], failure.state[5]
+    name = failure.labels[p]
+    need = cp.need(card.memory_mib)
+    factor = card.factor
+    if budgets is not None:
+        rf, vf, spill_left = budgets.rf[p], budgets.vf[p], budgets.spill
+    else:  # the slices placed so far were resident in full: both budgets lost the same
+        rfree = card.memory_mib - card.resident_used
+        vfree = card.virtual_mib - card.used_memory_mib
+        taken = min(rfree, vfree) - fm[p]
+        rf, vf, spill_left = rfree - taken, vfree - taken, 0
+    resident = resident_mib(need, factor) if cp.oversub and budgets is not None else need
+    if resident > rf:
+        if cp.oversub and budgets is not None:
+            why = f"{need} MiB / factor {format_factor(factor)}, rounded up"
+        elif budgets is not None:
+            why = "an init container's slice stays on the card in full"
+        else:
+            why = (
+                f'a slice of a pod without {ANN_MEMORY_OVERSUBSCRIPTION}: "true" stays on the '
+                "card in full"
+            )
+        return Refusal(
+            ReasonCode.INSUFFICIENT_MEMORY,
+            f"{name}: {who} needs {resident} MiB of resident memory ({why}), {max(rf, 0)} MiB "
+            f"free of the card's {card.memory_mib} MiB{note}",
+            card.uuid,
+            resident > card.memory_mib,
+        )
+    if need > vf:
+        total = card.virtual_mib
+        return Refusal(
+            ReasonCode.INSUFFICIENT_MEMORY,
+            f"{name}: {who} needs {need} MiB of virtual memory, {max(vf, 0)} MiB free of "
+            f"{total} MiB (oversubscription factor {format_factor(factor)} x "
+            f"{card.memory_mib} MiB){note}",
+            card.uuid,
+            need > total,
+        )
+    spill = need - resident
+    if spill > spill_left:
+        reserve = node.spill_reserve_mib
+        return Refusal(
+            ReasonCode.INSUFFICIENT_MEMORY,
+            f"{name}: {who} would spill {spill} MiB to host memory; the host spill reserve of "
+            f"node {node.name} has {max(spill_left, 0)} MiB free of {reserve} MiB",
+            card.uuid,
+            spill > reserve,
+        )
+    return None
+
+
 def _all_excluded(node: NodeState, cards: CardFilter, request: PodRequest) -> Refusal:
     """One refusal for a node whose every (schedulable) card the annotations exclude."""
     models = ", ".join(sorted({c.model for c in node.cards}))
@@ -226,13 +293,21 @@ def _all_excluded(node: NodeState, cards: CardFilter, request: PodRequest) -> Re
     )
 
 
-def _ever_fits(card: CardState, cp: ContainerPlan) -> bool:
-    """Whether an otherwise empty copy of this (schedulable, allowed) card could take a slice."""
-    return (
-        card.slots >= 1
-        and cp.need(card.memory_mib) <= card.memory_mib
-        and cp.cores <= card.compute_units
-    )
+def _ever_fits(card: CardState, cp: ContainerPlan, node: NodeState) -> bool:
+    """Whether an otherwise empty copy of this (schedulable, allowed) card could take a slice
+    (an opted-in slice on an oversubscribed shared card: within its virtual memory, its
+    resident part within the card, its spill within the node's reserve)."""
+    need = cp.need(card.memory_mib)
+    if card.slots < 1 or cp.cores > card.compute_units:
+        return False
+    if cp.oversub and card.factor > FACTOR_ONE and card.mode == SHARED:
+        resident = resident_mib(need, card.factor)
+        return (
+            need <= card.virtual_mib
+            and resident <= card.memory_mib
+            and need - resident <= node.spill_reserve_mib
+        )
+    return need <= card.memory_mib
 
 
 def explain(node: NodeState, request: PodRequest) -> tuple[Refusal, ...]:
@@ -456,12 +531,12 @@ def _explain_lane(
     room_on: dict[int, int] = {}
     per_card: list[Refusal] = []
     for card, p in _room_cards(view, plan, request, lane, per_card):
-        if _ever_fits(card, cp):
+        if _ever_fits(card, cp, node):
             ever += 1
             if bound:
                 ever_on[view.numa[p]] = ever_on.get(view.numa[p], 0) + 1
         if p not in candidates:
-            per_card.append(_room_reason(card, p, outcome, who))
+            per_card.append(_room_reason(card, p, outcome, who, node))
         elif bound:
             room_on[view.numa[p]] = room_on.get(view.numa[p], 0) + 1
     need_cards = cp.gpus

@@ -251,7 +251,8 @@ def _fits_general(view: NodeView, plan: Plan) -> bool:
     if not view.ok:
         return False
     allowed = allowed_cards(view, plan)
-    if plan.greedy_only:
+    # A spilling slice's room is not the counts' free memory (see _spilling_fitter).
+    if plan.greedy_only or (plan.oversub and view.oversub):
         return not isinstance(greedy(view, plan, allowed), Failure)
     for cp in plan.inits:
         if _count(view, cp, allowed, cp.gpus) < cp.gpus:
@@ -313,6 +314,8 @@ def _shared_fitter(plan: Plan) -> _Fitter:
     rest take the general path with a per-card mask.
     """
     base = _shape_fitter(plan)
+    if plan.oversub:
+        base = _spilling_fitter(plan, base)
     if not plan.cards is not None:
         return base
 
@@ -326,6 +329,26 @@ def _shared_fitter(plan: Plan) -> _Fitter:
         return _fits_general(view, plan)
 
     return filtered
+
+
+def _spilling_fitter(plan: Plan, base: _Fitter) -> _Fitter:
+    """The test for a pod that opted in to virtual device memory.
+
+    On a node none of whose cards has a factor above 1 an opted-in slice is resident in full,
+    exactly a slice without the opt-in, so the shape's own test answers. Elsewhere the counts
+    and rankings above cannot see the three budgets (a slice's resident part and spill depend
+    on the card, and the spill on every card the pod takes on the node): the greedy itself
+    decides, with them. These nodes are few, and so are the pods that opt in.
+    """
+
+    def fits(view: NodeView) -> bool:
+        if not view.oversub:
+            return base(view)
+        if not view.ok:
+            return False
+        return not isinstance(greedy(view, plan, allowed_cards(view, plan)), Failure)
+
+    return fits
 
 
 def _shape_fitter(plan: Plan) -> _Fitter:
@@ -381,6 +404,7 @@ def node_ranking(
     cp = plan.single
     if (
         plan.cards is not None
+        or plan.oversub  # the budgets of a spilling slice are not one number per node
         or cp is None
         or not plan.shared_only
         or cp.strict

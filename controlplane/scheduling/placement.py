@@ -10,7 +10,7 @@ stopped. They read the flat tuples of :class:`~controlplane.scheduling.state.Nod
 from __future__ import annotations
 
 from controlplane.scheduling.claims import EXCLUSIVE_CORES
-from controlplane.scheduling.memory import WHOLE
+from controlplane.scheduling.memory import FACTOR_ONE, WHOLE, resident_mib
 from controlplane.scheduling.mig import (
     MigGeometry,
     MigProfile,
@@ -18,13 +18,32 @@ from controlplane.scheduling.mig import (
     free_slices,
     profile_for,
 )
-from controlplane.scheduling.request import ContainerPlan, Plan
+from controlplane.scheduling.request import ContainerPlan, Plan, Policy
 from controlplane.scheduling.result import Assignment
 from controlplane.scheduling.state import MIG, NodeView
 
-# The working state of the greedy: per schedulable card position, free memory, free
-# compute, free slots, busy (holds any slice), exclusive (holds a 100%-compute slice).
-GreedyState = tuple[list[int], list[int], list[int], list[bool], list[bool]]
+
+class Budgets:
+    """The greedy's working state of virtual device memory (docs/virtual-memory.md), kept only
+    for a pod that opted in on a node with a card whose factor is above 1: per card position
+    the resident budget left (``rf``: the card's memory less its slices' resident parts), the
+    virtual budget left (``vf``: f x memory less its slices' memory) and the factor, and the
+    node's host spill reserve left (``spill``)."""
+
+    __slots__ = ("factors", "rf", "spill", "vf")
+
+    def __init__(self, view: NodeView) -> None:
+        self.rf: list[int] = list(view.rfree)
+        self.vf: list[int] = list(view.vfree)
+        self.factors = view.factors
+        self.spill = view.spill_free
+
+
+# The working state of the greedy: per schedulable card position, free memory (for a slice
+# that does not spill: the smaller of the card's two budgets), free compute, free slots, busy
+# (holds any slice), exclusive (holds a 100%-compute slice); and the budgets of virtual
+# device memory where they matter.
+GreedyState = tuple[list[int], list[int], list[int], list[bool], list[bool], Budgets | None]
 
 
 class Failure:
@@ -96,14 +115,16 @@ def greedy(
     card's NUMA node before or after the room where the policy names ``numa``. With
     numa-bind they are the best ``gpus`` of the first NUMA node to offer that many.
     """
+    budgets = Budgets(view) if plan.oversub and view.oversub else None
     work: GreedyState = (
         list(view.raw_fmem),
         list(view.fcu),
         list(view.fslots),
         list(view.busy),
         list(view.excl),
+        budgets,
     )
-    fm, fc, fs, busy, ex = work
+    fm, fc, fs, busy, ex, _ = work
     own: set[int] = set()
     tmem, tcu = view.tmem, view.tcu
     policy = plan.policy
@@ -111,6 +132,15 @@ def greedy(
     numa = view.numa if order or numa_bind else ()
     chosen: list[list[int]] = []
     for cp in plan.containers:
+        # With budgets every container but an ordinary init container spills (the opt-in is
+        # the pod's), and an init container leaves no trace: the budgets need no other update.
+        if budgets is not None and cp.oversub:
+            spilled = _spilling(view, cp, budgets, work, allowed, numa, own, policy)
+            if isinstance(spilled, Failure):
+                return spilled
+            own.update(spilled)
+            chosen.append(spilled)
+            continue
         cores = cp.cores
         strict = cp.strict
         cand: list[tuple[int, ...]] = []
@@ -149,6 +179,86 @@ def greedy(
                 own.add(p)
         chosen.append(picks)
     return chosen
+
+
+def _spilling(
+    view: NodeView,
+    cp: ContainerPlan,
+    budgets: Budgets,
+    work: GreedyState,
+    allowed: tuple[bool, ...] | None,
+    numa: tuple[int, ...],
+    own: set[int],
+    policy: Policy,
+) -> list[int] | Failure:
+    """The greedy's step for a container whose slices may spill (the pod opted in, the node has
+    a card with a factor above 1): the same gates and the same policy order as any slice, with
+    the three budgets in place of free memory. A card can take a slice of ``need`` MiB when
+    ``need`` fits its virtual budget and ``resident_mib(need, f)`` its resident budget; the
+    slice spills ``need - resident``, which the node's reserve must hold. The policy's room is
+    the virtual budget left after the slice. Slices are placed one by one, best card first:
+    the node's reserve shrinks with each, so a card whose spill no longer fits is passed over
+    (with numa-bind, each NUMA node's candidates are gathered against the reserve alone)."""
+    fm, fc, fs, busy, ex, _ = work
+    rf, vf, factors = budgets.rf, budgets.vf, budgets.factors
+    tmem, tcu = view.tmem, view.tcu
+    binpack, order, numa_bind = policy.gpu_binpack, policy.numa_order, policy.numa_bind
+    cores, strict = cp.cores, cp.strict
+    cand: list[tuple[int, ...]] = []
+    spills: dict[int, int] = {}
+    for p in range(view.n):
+        if allowed is not None and not allowed[p]:
+            continue
+        need = cp.need(tmem[p])
+        resident = resident_mib(need, factors[p])
+        spill = need - resident
+        if (
+            ex[p]
+            or fs[p] <= 0
+            or need > vf[p]
+            or resident > rf[p]
+            or spill > budgets.spill
+            or cores > fc[p]
+            or (not fc[p] and tcu[p])
+            or (strict and busy[p])
+        ):
+            continue
+        spills[p] = spill
+        room = vf[p] - need if binpack else need - vf[p]
+        cand.append((room, p) if not order else _numa_key(room, p, numa[p], order))
+    cand.sort()
+    gpus = cp.gpus
+    grouped = numa_bind and gpus > 1
+    gathered: dict[int, tuple[list[int], int]] = {}
+    picks: list[int] | None = None
+    for c in cand:
+        p = c[-1]
+        key = numa[p] if grouped else 0
+        group, left = gathered.get(key, ([], budgets.spill))
+        if spills[p] > left:
+            continue
+        group.append(p)
+        gathered[key] = (group, left - spills[p])
+        if len(group) == gpus:
+            picks = group
+            break
+    if picks is None:
+        split = grouped and len(cand) >= gpus
+        return Failure(cp, [c[-1] for c in cand], work, own, view.labels, split)
+    exclusive = cores >= EXCLUSIVE_CORES
+    for p in picks:
+        need = cp.need(tmem[p])
+        resident = resident_mib(need, factors[p])
+        rf[p] -= resident
+        vf[p] -= need
+        budgets.spill -= need - resident
+        fm[p] = min(rf[p], vf[p])
+        fc[p] -= cores
+        fs[p] -= 1
+        busy[p] = True
+        if exclusive:
+            ex[p] = True
+    return picks
 
 
 def _best(
@@ -278,15 +388,28 @@ def assignments(
     view: NodeView, plan: Plan, outcome: list[list[int]], mode: str
 ) -> tuple[Assignment, ...]:
     out: list[Assignment] = []
+    factors = view.factors if plan.oversub and view.oversub else None
     for cp, picks in zip(plan.containers, outcome, strict=True):
         c = cp.request
         for p in picks:
             card = view.cards[p]
-            # Positional: keywords cost a third more, and every bind builds these.
+            need = cp.need(card.memory_mib)
+            # Positional, and the resident part only where it is below the slice: keywords cost
+            # a third more, and every bind builds these.
+            if factors is not None and cp.oversub and factors[p] > FACTOR_ONE:
+                resident = resident_mib(need, factors[p])
+                if resident < need:
+                    out.append(
+                        Assignment(
+                            c.name, c.index, c.init, card.uuid, need, c.cores, c.sidecar,
+                            c.priority, mode, "", 0, 0, resident,
+                        )
+                    )  # fmt: skip
+                    continue
             out.append(
                 Assignment(
-                    c.name, c.index, c.init, card.uuid, cp.need(card.memory_mib), c.cores,
-                    c.sidecar, c.priority, mode,
+                    c.name, c.index, c.init, card.uuid, need, c.cores, c.sidecar, c.priority,
+                    mode,
                 )
             )  # fmt: skip
     return tuple(out)

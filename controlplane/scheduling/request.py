@@ -37,6 +37,8 @@ ANN_HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
 ANN_HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 ANN_NUMA_BIND = "nvidia.com/numa-bind"
 ANN_VGPU_MODE = "nvidia.com/vgpu-mode"
+#: The pod's opt-in to virtual device memory (docs/virtual-memory.md): "true" or "false".
+ANN_MEMORY_OVERSUBSCRIPTION = "tessera.io/memory-oversubscription"
 
 #: HAMi's names for the card modes a pod accepts (nvidia.com/vgpu-mode): "hami-core" is a
 #: shared card, or an exclusive one for a slice that is the whole card (docs/card-modes.md).
@@ -127,11 +129,13 @@ class ContainerPlan:
     """
 
     __slots__ = (
-        "cores", "gpus", "init", "kind", "mig_profile", "need", "request", "sidecar", "strict",
-        "value", "whole",
+        "cores", "gpus", "init", "kind", "mig_profile", "need", "oversub", "request", "sidecar",
+        "strict", "value", "whole",
     )  # fmt: skip
 
-    def __init__(self, request: ContainerRequest, mutex: bool = False) -> None:
+    def __init__(
+        self, request: ContainerRequest, mutex: bool = False, oversub: bool = False
+    ) -> None:
         self.request = request
         self.init = request.init
         self.sidecar = request.sidecar
@@ -142,6 +146,10 @@ class ContainerPlan:
         self.need: Callable[[int], int] = sizer(self.kind, self.value)
         self.whole = self.kind != MIB and self.value == 100 and self.cores >= EXCLUSIVE_CORES
         self.mig_profile = request.mig_profile
+        # The container's slices may spill (the pod opted in to virtual device memory). Not an
+        # ordinary init container's: it runs alone, briefly, and is resident in full, so what a
+        # pod spills on a node is what its app containers and sidecars spill together.
+        self.oversub = oversub and (not request.init or request.sidecar)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +312,7 @@ class Plan:
         "greedy_only",
         "inits",
         "lanes",
+        "oversub",
         "policy",
         "single",
         "stack",
@@ -311,7 +320,11 @@ class Plan:
 
     def __init__(self, request: PodRequest) -> None:
         policy = self.policy = Policy.of(request)
-        self.containers = tuple(ContainerPlan(c, policy.mutex) for c in request.containers)
+        opted = request.memory_oversubscription
+        self.containers = tuple(ContainerPlan(c, policy.mutex, opted) for c in request.containers)
+        # Some slice may spill: on a node with a card whose factor is above 1 the filter runs
+        # the greedy with the three budgets (fastcheck.py); elsewhere nothing changes.
+        self.oversub = any(c.oversub for c in self.containers)
         self.inits = tuple(c for c in self.containers if c.init)
         self.apps = apps = tuple(c for c in self.containers if not c.init)
         self.greedy_only = policy.numa_bind or any(c.sidecar for c in self.containers)
@@ -385,6 +398,8 @@ class PodRequest:
     a comma list in canonical form (:func:`gpu_policy_chain`): exactly one of binpack/spread,
     with numa, mutex and topology-aware where asked. ``numa_bind``: each container's cards on
     one NUMA node. ``vgpu_modes``: the card modes the pod accepts (empty: any).
+    ``memory_oversubscription``: the pod opted in to virtual device memory (its slices may
+    spill to host memory past their resident part, docs/virtual-memory.md).
     """
 
     uid: str
@@ -403,6 +418,7 @@ class PodRequest:
     # Never: what preemption weighs (docs/preemption.md).
     pod_priority: int = 0
     preempt_never: bool = False
+    memory_oversubscription: bool = False
     plan: Plan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -477,6 +493,8 @@ class PodRequest:
             "vgpu_modes": list(self.vgpu_modes),
             "pod_priority": self.pod_priority,
             "preempt_never": self.preempt_never,
+            # only when asked: the stored request of every other pod stays as it is
+            **({"memory_oversubscription": True} if self.memory_oversubscription else {}),
         }
 
     @classmethod
@@ -484,8 +502,8 @@ class PodRequest:
         """Rebuild a request from :meth:`to_dict` output; RequestError names a bad key.
 
         Keys added after the first version (``sidecar``, ``priority``, ``numa_bind``,
-        ``vgpu_modes``, ``pod_priority``, ``preempt_never``) may be missing: requests stored
-        before them still load.
+        ``vgpu_modes``, ``pod_priority``, ``preempt_never``, ``memory_oversubscription``) may
+        be missing: requests stored before them still load.
         """
         if not isinstance(d, Mapping):
             raise RequestError("", "a stored pod request must be a JSON object")
@@ -529,6 +547,7 @@ class PodRequest:
                 numa_bind=_get_typed(d, "numa_bind", bool, "", False),
                 pod_priority=_get_typed(d, "pod_priority", int, "", 0),
                 preempt_never=_get_typed(d, "preempt_never", bool, "", False),
+                memory_oversubscription=_get_typed(d, "memory_oversubscription", bool, "", False),
                 **lists,
             )
         except RequestError:
@@ -663,6 +682,7 @@ def parse_pod(
         vgpu_modes=asked or config.default_vgpu_modes,
         pod_priority=_pod_priority(spec),
         preempt_never=_preempt_never(spec),
+        memory_oversubscription=_memory_oversubscription(annotations),
     )
 
 
@@ -768,6 +788,22 @@ def _numa_bind(annotations: Mapping[str, Any]) -> bool:
     raise RequestError(
         f"metadata.annotations.{ANN_NUMA_BIND}",
         f"must be 'true' or 'false', got {value!r}",
+    )
+
+
+def _memory_oversubscription(annotations: Mapping[str, Any]) -> bool:
+    """The pod's opt-in: exactly "true" or "false" (any case, spaces trimmed); anything else is
+    refused, since a typo that silently kept a pod resident (or let it spill) would surprise
+    its owner."""
+    value = _annotation(annotations, ANN_MEMORY_OVERSUBSCRIPTION)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in ("true", "false"):
+        return word == "true"
+    raise RequestError(
+        f"metadata.annotations.{ANN_MEMORY_OVERSUBSCRIPTION}",
+        f'must be "true" or "false", got {value!r}',
     )
 
 

@@ -85,6 +85,8 @@ class Assignment:
     ledger row and the allocation record say them without the request at hand. ``mode`` is
     the card's (docs/card-modes.md); on a MIG card the slice is one GPU instance of
     ``mig_profile`` covering ``mig_size`` memory slices from ``mig_start``.
+    ``resident_mib``: the part of the slice that stays on the card when the pod opted in to
+    virtual device memory and the card's factor is above 1; None: all of it.
     """
 
     container_name: str
@@ -99,6 +101,7 @@ class Assignment:
     mig_profile: str = ""
     mig_start: int = 0
     mig_size: int = 0
+    resident_mib: int | None = None
 
     def to_claim(self) -> SliceClaim:
         """The ledger row this assignment becomes."""
@@ -111,6 +114,7 @@ class Assignment:
             sidecar=self.sidecar,
             mig_start=self.mig_start,
             mig_size=self.mig_size,
+            resident_mib=self.resident_mib,
         )
 
 

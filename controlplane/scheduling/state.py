@@ -24,6 +24,7 @@ from controlplane.scheduling.memo import (
     V,
     keep,
 )
+from controlplane.scheduling.memory import FACTOR_ONE, virtual_mib
 from controlplane.scheduling.mig import MigGeometry, geometry_for
 
 #: Card modes (docs/card-modes.md): how a card is shared, and so which slices it takes.
@@ -56,6 +57,22 @@ class CardState:
     draining: bool = False  # a mode change waits for the card's slices to end: takes nothing
     mig_enabled: bool = False  # MIG is on in the GPU now (the node plugin says so)
     mig_used: int = 0  # memory slices MIG instances cover, bit i = slice i
+    # Virtual device memory (docs/virtual-memory.md): the card's oversubscription factor in
+    # hundredths (100 = off), and the sum of its slices' resident parts (None: equal to
+    # used_memory_mib, nothing spills). Only shared cards oversubscribe.
+    factor: int = FACTOR_ONE
+    used_resident_mib: int | None = None
+
+    @property
+    def resident_used(self) -> int:
+        """MiB the card's slices keep on the card."""
+        return self.used_memory_mib if self.used_resident_mib is None else self.used_resident_mib
+
+    @property
+    def virtual_mib(self) -> int:
+        """The most MiB the card's slices may add up to: f x its memory on a shared card, its
+        memory on a card of another mode (only shared cards oversubscribe)."""
+        return virtual_mib(self.memory_mib, self.factor if self.mode == SHARED else FACTOR_ONE)
 
     @property
     def schedulable(self) -> bool:
@@ -74,8 +91,15 @@ class CardState:
 
     @property
     def free_memory_mib(self) -> int:
-        """Memory not claimed by any slice."""
-        return self.memory_mib - self.used_memory_mib
+        """Memory a slice that does not oversubscribe may still take: what is left of the
+        card's memory and of its virtual memory, the smaller (with f = 1, memory not claimed
+        by any slice)."""
+        free = self.memory_mib - self.used_memory_mib
+        if self.factor != FACTOR_ONE or self.used_resident_mib is not None:
+            free = min(
+                self.memory_mib - self.resident_used, self.virtual_mib - self.used_memory_mib
+            )
+        return free
 
     @property
     def free_compute(self) -> int:
@@ -122,6 +146,7 @@ class NodeView:
         "d_fmem",
         "d_fslots",
         "excl",
+        "factors",
         "fcu",
         "fmem",
         "fslots",
@@ -141,12 +166,21 @@ class NodeView:
         "modes",
         "n",
         "ok",
+        "oversub",
         "raw_fmem",
+        "rfree",
+        "spill_free",
         "tmem",
+        "vfree",
     )
 
     def __init__(
-        self, ready: bool, cordoned: bool, cards: tuple[CardState, ...], mode: str = SHARED
+        self,
+        ready: bool,
+        cordoned: bool,
+        cards: tuple[CardState, ...],
+        mode: str = SHARED,
+        spill_free: int = 0,
     ) -> None:
         # One pass over the cards (this runs for every node of every snapshot), in index
         # order; selectors usually hand cards over sorted already. The view holds the cards
@@ -167,6 +201,9 @@ class NodeView:
         used_mem = 0
         modes: set[str] | None = None
         mig = mode == MIG
+        # Cards with a factor, or with slices that spill: their two budgets (rfree, vfree),
+        # by position. None on the nodes without any, nearly all.
+        budgets: list[int] | None = None
         for c in ordered:
             if not c.healthy or c.cordoned or c.draining or c.mode != mode:
                 by_index.append((c, -1))
@@ -181,6 +218,21 @@ class NodeView:
             by_index.append((c, len(sched)))
             sched.append(c)
             free = c.memory_mib - c.used_memory_mib
+            if c.factor != FACTOR_ONE or c.used_resident_mib is not None:
+                # A slice that does not oversubscribe needs room in both budgets: the card's
+                # memory less the resident parts, f x the memory less the slices. Only
+                # shared cards oversubscribe.
+                factor = c.factor if mode == SHARED else FACTOR_ONE
+                rfree = c.memory_mib - c.resident_used
+                vfree = virtual_mib(c.memory_mib, factor) - c.used_memory_mib
+                free = min(rfree, vfree)
+                if budgets is None:
+                    budgets = []
+                    for before in raw:  # the cards before it: f = 1, nothing spills
+                        budgets += (before, before, FACTOR_ONE)
+                budgets += (rfree, vfree, factor)
+            elif budgets is not None:
+                budgets += (free, free, FACTOR_ONE)
             compute = c.compute_units - c.used_compute
             slots = c.slots - c.used_slots
             tmem.append(c.memory_mib)
@@ -198,6 +250,21 @@ class NodeView:
             used_mem += c.used_memory_mib
         n = len(sched)
         self.cards = tuple(sched)
+        # Virtual device memory: per card the resident budget left, the virtual budget left
+        # and the factor, and the node's host spill reserve left. `oversub` is True when some
+        # card has a factor above 1: only then may an opted-in slice spill here.
+        self.spill_free = spill_free
+        self.rfree: tuple[int, ...]
+        self.vfree: tuple[int, ...]
+        self.factors: tuple[int, ...]
+        if budgets is None:
+            self.oversub = False
+            self.rfree = self.vfree = self.factors = ()
+        else:
+            self.rfree = tuple(budgets[0::3])
+            self.vfree = tuple(budgets[1::3])
+            self.factors = tuple(budgets[2::3])
+            self.oversub = any(f > FACTOR_ONE for f in self.factors)
         # Every card (schedulable or not) by index, with its position among the schedulable
         # ones or -1: what explanations walk.
         self.by_index = tuple(by_index)
@@ -336,12 +403,36 @@ class NodeState:
     ready: bool
     cordoned: bool
     cards: tuple[CardState, ...]
+    # Host memory the node sets aside for what opted-in slices spill, and what its slices may
+    # spill (sum of memory - resident part); docs/virtual-memory.md.
+    spill_reserve_mib: int = 0
+    used_spill_mib: int = 0
     view: NodeView = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cards, tuple):
             object.__setattr__(self, "cards", tuple(self.cards))
-        object.__setattr__(self, "view", NodeView(self.ready, self.cordoned, self.cards))
+        object.__setattr__(
+            self,
+            "view",
+            NodeView(
+                self.ready,
+                self.cordoned,
+                self.cards,
+                SHARED,
+                self.spill_reserve_mib - self.used_spill_mib,
+            ),
+        )
+
+    def _with_cards(self, cards: tuple[CardState, ...], spill_delta: int) -> NodeState:
+        return NodeState(
+            self.name,
+            self.ready,
+            self.cordoned,
+            cards,
+            self.spill_reserve_mib,
+            self.used_spill_mib + spill_delta,
+        )
 
     def with_claims(self, claims: Mapping[str, CardClaim]) -> NodeState:
         """This node with one more pod's claims (card UUID -> claim) added to its cards: what
@@ -357,10 +448,13 @@ class NodeState:
                 used_slots=card.used_slots + claim.slots,
                 exclusive=card.exclusive or claim.exclusive,
                 mig_used=card.mig_used | claim.mig_mask,
+                used_resident_mib=_resident_sum(card, claim.resident, claim.memory_mib),
             )
             for card in self.cards
         )
-        return NodeState(self.name, self.ready, self.cordoned, cards)
+        mine = {c.uuid for c in self.cards}
+        spill = sum(c.spill_mib for uuid, c in claims.items() if uuid in mine)
+        return self._with_cards(cards, spill)
 
     def without_claims(
         self, claims: Iterable[Mapping[str, CardClaim]], exclusive_left: frozenset[str]
@@ -372,11 +466,13 @@ class NodeState:
         gone: dict[str, list[int]] = {}
         for pod in claims:
             for uuid, claim in pod.items():
-                total = gone.setdefault(uuid, [0, 0, 0, 0])
+                total = gone.setdefault(uuid, [0, 0, 0, 0, 0, 0])
                 total[0] += claim.memory_mib
                 total[1] += claim.cores
                 total[2] += claim.slots
                 total[3] |= claim.mig_mask  # MIG instances never overlap: their bits go alone
+                total[4] += claim.resident
+                total[5] += claim.spill_mib
         cards = tuple(
             card
             if (t := gone.get(card.uuid)) is None
@@ -387,10 +483,21 @@ class NodeState:
                 used_slots=card.used_slots - t[2],
                 exclusive=card.uuid in exclusive_left,
                 mig_used=card.mig_used & ~t[3],
+                used_resident_mib=_resident_sum(card, -t[4], -t[0]),
             )
             for card in self.cards
         )
-        return NodeState(self.name, self.ready, self.cordoned, cards)
+        mine = {c.uuid for c in self.cards}
+        spill = sum(t[5] for uuid, t in gone.items() if uuid in mine)
+        return self._with_cards(cards, -spill)
+
+
+def _resident_sum(card: CardState, resident: int, memory: int) -> int | None:
+    """The card's resident sum after adding ``resident`` (of ``memory``); None while it stays
+    equal to the memory sum (nothing spills)."""
+    if card.used_resident_mib is None and resident == memory:
+        return None
+    return card.resident_used + resident
 
 
 @dataclass(frozen=True, slots=True)

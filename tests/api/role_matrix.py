@@ -64,6 +64,8 @@ MATRIX: dict[Operation, Access] = {
     ("POST", "/api/v1/cards/{uuid}/uncordon/"): Access(WRITERS),
     # docs/card-modes.md, "Changing a card's mode": operator or admin.
     ("POST", "/api/v1/cards/{uuid}/mode/"): Access(WRITERS),
+    # docs/virtual-memory.md: a card's factor is set as its other settings are, operator or admin.
+    ("POST", "/api/v1/cards/{uuid}/memory-oversubscription/"): Access(WRITERS),
     # docs/operator-guide.md, "A pod stays Pending": a viewer token asks why.
     ("GET", "/api/v1/pods/{namespace}/{name}/why"): Access(READERS),
     # docs/allocation.md, "REST": a node identity reads allocations on its own node (403

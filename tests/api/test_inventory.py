@@ -29,7 +29,15 @@ def report(*cards: dict[str, Any], version: str = "0.1.0") -> dict[str, Any]:
 def ledger_state() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     nodes = list(
         Node.objects.order_by("name").values_list(
-            "name", "ready", "last_heartbeat", "plugin_version", "usage", "usage_at"
+            "name",
+            "ready",
+            "last_heartbeat",
+            "plugin_version",
+            "usage",
+            "usage_at",
+            "memory_factor",
+            "spill_reserve_mib",
+            "host_memory_mib",
         )
     )
     cards = list(
@@ -181,6 +189,50 @@ BAD_INPUTS: list[tuple[str, Any, str]] = [
     ("usage-bad-container", with_usage(used(container="c/d")), "usage[0].container"),
     ("usage-unknown-key", with_usage(used(pid=7)), "usage[0].pid"),
     ("usage-too-long", with_usage(*[used(pod=f"p{i}") for i in range(4097)]), "usage"),
+    # virtual device memory (docs/virtual-memory.md)
+    (
+        "factor-number",
+        {**report(card_json()), "memory_oversubscription": 2},
+        "memory_oversubscription",
+    ),
+    (
+        "factor-below-1",
+        {**report(card_json()), "memory_oversubscription": "0.5"},
+        "memory_oversubscription",
+    ),
+    (
+        "factor-above-16",
+        {**report(card_json()), "memory_oversubscription": "16.5"},
+        "memory_oversubscription",
+    ),
+    (
+        "factor-3-decimals",
+        {**report(card_json()), "memory_oversubscription": "1.125"},
+        "memory_oversubscription",
+    ),
+    (
+        "factor-words",
+        {**report(card_json()), "memory_oversubscription": "twice"},
+        "memory_oversubscription",
+    ),
+    ("reserve-negative", {**report(card_json()), "spill_reserve_mib": -1}, "spill_reserve_mib"),
+    ("reserve-string", {**report(card_json()), "spill_reserve_mib": "1024"}, "spill_reserve_mib"),
+    ("host-zero", {**report(card_json()), "host_memory_mib": 0}, "host_memory_mib"),
+    (
+        "reserve-above-host",
+        {**report(card_json()), "spill_reserve_mib": 4096, "host_memory_mib": 2048},
+        "spill_reserve_mib",
+    ),
+    (
+        "usage-resident-negative",
+        with_usage(used(memory_resident_mib=-1)),
+        "usage[0].memory_resident_mib",
+    ),
+    (
+        "usage-spilled-float",
+        with_usage(used(memory_spilled_mib=1.5)),
+        "usage[0].memory_spilled_mib",
+    ),
 ]
 
 
@@ -378,3 +430,20 @@ def test_usage_is_stored_replaced_and_kept_by_a_report_without_it() -> None:
     assert put(client, "gpu-1", with_usage()).status_code == 200
     node.refresh_from_db()
     assert node.usage == [] and node.usage_at == node.last_heartbeat
+
+
+def test_the_virtual_memory_settings_are_stored_and_absent_ones_mean_the_defaults() -> None:
+    client = token_client("gpu-1", Role.NODE)
+    body = {
+        **with_usage(used(memory_resident_mib=2000, memory_spilled_mib=1000)),
+        "memory_oversubscription": "1.5",
+        "spill_reserve_mib": 8192,
+        "host_memory_mib": 65536,
+    }
+    assert put(client, "gpu-1", body).status_code == 201
+    node = Node.objects.get(name="gpu-1")
+    assert (node.memory_factor, node.spill_reserve_mib, node.host_memory_mib) == (150, 8192, 65536)
+    assert node.usage == [used(memory_resident_mib=2000, memory_spilled_mib=1000)]
+    assert put(client, "gpu-1", report(card_json())).status_code == 200
+    node.refresh_from_db()
+    assert (node.memory_factor, node.spill_reserve_mib, node.host_memory_mib) == (100, 0, None)

@@ -356,3 +356,53 @@ def test_mode_prints_the_new_mode_or_the_drain_in_the_servers_words(
     assert out == "card/GPU-busy draining: becomes MIG when its 2 slices end\n"
     code, out, err = run(capsys, "mode", "GPU-old", "mig", *flags)
     assert code == 1 and err.startswith("error: not found (404): Not found: no API route")
+
+
+# --- virtual device memory (docs/virtual-memory.md) ---------------------------------------------
+
+
+def test_top_shows_resident_and_spilled_next_to_a_slice_that_may_spill() -> None:
+    spilling = {
+        **SLICE, "pod": "big", "memory_mib": 6000, "resident_mib": 3000,
+        "memory_used_mib": 5000, "memory_resident_mib": 3000, "memory_spilled_mib": 2000,
+    }  # fmt: skip
+    lines = top_table([SLICE, spilling]).splitlines()
+    assert lines[0].split()[-2:] == ["RESIDENT(MiB)", "SPILLED(MiB)"]
+    assert lines[1].split()[-2:] == ["-/10000", "-"]  # resident in full, no sample
+    assert lines[2].split()[-4:] == ["5000/6000", "-/30", "3000/3000", "2000"]
+    # A cluster that does not use it keeps its columns.
+    assert "RESIDENT" not in top_table([SLICE])
+
+
+def test_inspect_shows_a_card_s_factor_and_virtual_use() -> None:
+    card = {**CARD, "memory_oversubscription": "2", "memory_virtual_mib": 163840}
+    node = {**NODE, "cards": [card]}
+    assert "oversubscribed x2 (10000/163840 MiB virtual)" in inspect_table([node])
+    assert "oversubscribed" not in inspect_table([{**NODE, "cards": [CARD]}])
+
+
+def test_oversubscribe_posts_the_factor_and_default_clears_it(
+    server: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def post(self: FakeTessera) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length))
+        self.seen.append(("POST", self.path, dict(self.headers), body))
+        if body["factor"] == "0.5":
+            return self._answer(400, {"error": "factor: must be from 1 to 16"})
+        own = body["factor"]
+        applied = own or "1"
+        answer = {**CARD, "memory_oversubscription": applied, "memory_oversubscription_own": own}
+        return self._answer(200, answer)
+
+    monkeypatch.setattr(FakeTessera, "do_POST", post)
+    flags = ["--server", server, "--token", TOKEN]
+    code, out, _ = run(capsys, "oversubscribe", "GPU-n1-0", "1.5", "--reason", "nb", *flags)
+    assert (code, out) == (0, "card/GPU-n1-0 memory oversubscription x1.5\n")
+    assert FakeTessera.seen[-1][1] == "/api/v1/cards/GPU-n1-0/memory-oversubscription"
+    assert FakeTessera.seen[-1][3] == {"factor": "1.5", "reason": "nb"}
+    code, out, _ = run(capsys, "oversubscribe", "GPU-n1-0", "default", *flags)
+    assert out == "card/GPU-n1-0 memory oversubscription x1 (the node's default)\n"
+    assert FakeTessera.seen[-1][3] == {"factor": None, "reason": ""}
+    code, out, err = run(capsys, "oversubscribe", "GPU-n1-0", "0.5", *flags)
+    assert code == 1 and "from 1 to 16" in err

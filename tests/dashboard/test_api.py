@@ -66,6 +66,7 @@ WRITES = [
     ("post", "/api/v1/cards/GPU-n1-0/cordon", {}),
     ("post", "/api/v1/cards/GPU-n1-0/uncordon", {}),
     ("post", "/api/v1/cards/GPU-n1-0/mode", {"mode": "mps"}),
+    ("post", "/api/v1/cards/GPU-n1-0/memory-oversubscription", {"factor": "2"}),
 ]
 
 
@@ -625,3 +626,57 @@ def test_no_body_or_the_documented_object_cordons(
     response = send(operator, "post", url, body, raw=True)
     assert response.status_code == 200, response.content
     assert response.json()["cordoned"] is url.endswith("/cordon")
+
+
+# --- memory oversubscription (docs/virtual-memory.md) ------------------------------------------
+
+FACTOR_URL = "/api/v1/cards/{}/memory-oversubscription"
+
+
+def test_operator_sets_a_card_factor_the_card_views_show_it_and_null_clears_it(
+    small_cluster: None, operator: APIClient, viewer: APIClient
+) -> None:
+    done = send(operator, "post", FACTOR_URL.format("GPU-n1-1"), {"factor": "1.5", "reason": "nb"})
+    assert done.status_code == 200, done.content
+    body = done.json()
+    assert (body["memory_oversubscription"], body["memory_oversubscription_own"]) == ("1.5", "1.5")
+    assert body["memory_virtual_mib"] == 15000
+    listed = {c["uuid"]: c for c in viewer.get("/api/v1/cards/").json()["results"]}
+    assert listed["GPU-n1-0"]["memory_oversubscription"] == "1"
+    assert listed["GPU-n1-0"]["memory_resident_allocated_mib"] == 3000
+    assert listed["GPU-n1-1"]["memory_virtual_mib"] == 15000
+    cleared = send(operator, "post", FACTOR_URL.format("GPU-n1-1") + "/", {"factor": None})
+    assert cleared.status_code == 200, cleared.content
+    assert cleared.json()["memory_oversubscription_own"] is None
+    assert AuditEvent.objects.filter(action="card-memory-factor").count() == 2
+
+
+@pytest.mark.parametrize("factor", ["0.5", "abc", "1.555", "17", 2, 1.5, True, ""])
+def test_a_bad_factor_is_refused_naming_the_field_and_changes_nothing(
+    small_cluster: None, operator: APIClient, factor: Any
+) -> None:
+    response = send(operator, "post", FACTOR_URL.format("GPU-n1-1"), {"factor": factor})
+    assert response.status_code == 400, response.content
+    assert "factor" in json.dumps(response.json())
+    assert Card.objects.get(uuid="GPU-n1-1").memory_factor is None
+
+
+def test_lowering_a_factor_below_what_is_bound_answers_409_and_changes_nothing(
+    small_cluster: None, operator: APIClient
+) -> None:
+    # Pod a holds 3000 MiB on GPU-n1-0 (10000 MiB): factor 2, then down to 0.25 of that.
+    assert send(operator, "post", FACTOR_URL.format("GPU-n1-0"), {"factor": "2"}).status_code == 200
+    Card.objects.filter(uuid="GPU-n1-0").update(memory_mib=2000)  # reported smaller since
+    response = send(operator, "post", FACTOR_URL.format("GPU-n1-0"), {"factor": "1.25"})
+    assert response.status_code == 409, response.content
+    assert "3000 MiB" in json.dumps(response.json()) and "2500 MiB" in json.dumps(response.json())
+    assert Card.objects.get(uuid="GPU-n1-0").memory_factor == 200
+    assert (
+        send(operator, "post", FACTOR_URL.format("GPU-n1-0"), {"factor": "1.5"}).status_code == 200
+    )
+
+
+def test_a_viewer_may_not_set_a_factor(small_cluster: None, viewer: APIClient) -> None:
+    response = send(viewer, "post", FACTOR_URL.format("GPU-n1-1"), {"factor": "2"})
+    assert response.status_code == 403
+    assert Card.objects.get(uuid="GPU-n1-1").memory_factor is None

@@ -533,3 +533,63 @@ def test_room_held_for_preemption_is_listed_on_the_overview_and_its_node(cluster
         assert "team-a/train-0, team-b/old" in row and "1000" in row, url
         assert "58.6 GiB on 2 cards" in row, url  # 60,000 MiB in all
     assert "Room held for preemption" not in client.get("/nodes/n2/").content.decode()
+
+
+# --- virtual device memory (docs/virtual-memory.md) ---------------------------------------------
+
+
+def test_operator_sets_a_card_factor_on_its_page_and_the_page_shows_it(cluster: None) -> None:
+    uuid = busy_card()
+    client = signed_in(Role.OPERATOR, "otto")
+    page = client.get(f"/cards/{uuid}/").content.decode()
+    assert "card-factor-form" in page and "Oversubscription</dt>" not in page  # factor 1: quiet
+    response = client.post(
+        f"/cards/{uuid}/memory-oversubscription/", {"factor": "1.5", "reason": "notebooks"}
+    )
+    assert response.status_code == 302 and response["Location"] == f"/cards/{uuid}/"
+    assert Card.objects.get(uuid=uuid).memory_factor == 150
+    page = client.get(f"/cards/{uuid}/", follow=True).content.decode()
+    assert 'data-factor="1.5"' in page and "(the card's own)" in page
+    assert "Memory oversubscription x1.5 (its own)." in page  # the flash message
+    assert "oversubscription</span> \u00d7node" in page and "notebooks" in page  # the history
+    client.post(f"/cards/{uuid}/memory-oversubscription/", {"factor": ""})  # back to the node's
+    assert Card.objects.get(uuid=uuid).memory_factor is None
+
+
+@pytest.mark.parametrize("factor", ["0.5", "x", "17"])
+def test_a_refused_factor_says_why_and_changes_nothing(cluster: None, factor: str) -> None:
+    client = signed_in(Role.OPERATOR, "otto")
+    before = state()
+    url = "/cards/GPU-n1-0/memory-oversubscription/"
+    page = client.post(url, {"factor": factor}, follow=True).content.decode()
+    assert "from &quot;1&quot; to &quot;16&quot;" in page or 'from "1" to "16"' in page
+    assert state() == before and Card.objects.get(uuid="GPU-n1-0").memory_factor is None
+
+
+def test_a_viewer_may_not_set_a_factor(cluster: None) -> None:
+    client = signed_in(Role.VIEWER)
+    response = client.post("/cards/GPU-n1-0/memory-oversubscription/", {"factor": "2"})
+    assert response.status_code == 403
+    assert Card.objects.get(uuid="GPU-n1-0").memory_factor is None
+
+
+def test_a_card_with_slices_that_spill_shows_resident_and_spilled(cluster: None) -> None:
+    from controlplane.ledger.models import Slice
+
+    uuid = busy_card()
+    Card.objects.filter(uuid=uuid).update(memory_factor=200)
+    piece = Slice.objects.filter(card__uuid=uuid, binding__name="train-0").first()
+    assert piece is not None
+    Slice.objects.filter(pk=piece.pk).update(resident_mib=piece.memory_mib // 2)
+    node = Node.objects.get(name="n1")
+    node.usage = [
+        {"namespace": "team-a", "pod": "train-0", "container": piece.container_name,
+         "card": uuid, "memory_used_mib": 100, "compute_used_percent": None,
+         "memory_resident_mib": 60, "memory_spilled_mib": 40},
+    ]  # fmt: skip
+    node.usage_at = timezone.now()
+    node.save(update_fields=["usage", "usage_at"])
+    page = signed_in(Role.VIEWER).get(f"/cards/{uuid}/").content.decode()
+    assert '<th class="num">Resident</th>' in page and '<th class="num">Spilled</th>' in page
+    assert f"60 / {piece.memory_mib // 2} MiB" in page and "40 MiB" in page
+    assert "Oversubscription</dt>" in page and "\u00d72" in page

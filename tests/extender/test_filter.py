@@ -129,6 +129,16 @@ def test_invalid_gpu_request_is_unresolvable_on_every_node_with_the_field_named(
     assert SchedulingDecision.objects.get().outcome == SchedulingDecision.Outcome.INVALID
 
 
+def test_a_bad_opt_in_is_unresolvable_on_every_node_naming_the_annotation(client) -> None:
+    make_node("n1")
+    pod = gpu_pod()
+    pod["metadata"]["annotations"] = {"tessera.io/memory-oversubscription": "maybe"}
+    body = post(client, "/scheduler/filter", filter_args(pod, ["n1"])).json()
+    assert body["NodeNames"] == []
+    why = body["FailedAndUnresolvableNodes"]["n1"]
+    assert "tessera.io/memory-oversubscription" in why and '"true" or "false"' in why
+
+
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [

@@ -188,3 +188,24 @@ def test_a_deleted_node_goes_even_in_the_first_minutes_after_boot(client, cached
     time.sleep(0.25)
     feasible(client, gpu_pod(), ["n1", "n2"])  # notices the deletion
     assert feasible(client, gpu_pod(), ["n1", "n2"]) == ["n1"]
+
+
+def test_own_binds_of_opted_in_pods_are_assumed_with_their_resident_parts_and_spill(
+    client, cached, fake_kube
+) -> None:
+    from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
+    from tests.builders import card_report
+
+    report = InventoryReport("test", (card_report("GPU-v-0", 0, 10000),), memory_factor=200,
+                             spill_reserve_mib=20000, host_memory_mib=64000)  # fmt: skip
+    apply_inventory("n1", report, "test")
+    opted = {"tessera.io/memory-oversubscription": "true"}
+    feasible(client, gpu_pod("warm"), ["n1"])
+    for name in ("a", "b", "c"):
+        pod = fake_kube.add(gpu_pod(name, mem=6000, annotations=opted))
+        assert post(client, "/scheduler/bind", bind_args(pod, "n1")).json() == {"Error": ""}
+    # resident 9000 of 10000, 18000 of 20000 virtual, 9000 spilled: exactly the ledger's
+    cached_node = snapshot_cache.get().by_name["n1"]
+    assert cached_node == selectors.cluster_snapshot(["n1"]).nodes[0]
+    assert (cached_node.cards[0].resident_used, cached_node.used_spill_mib) == (9000, 9000)
+    assert feasible(client, gpu_pod("plain", mem=2000), ["n1"]) == []  # the resident budget

@@ -123,6 +123,10 @@ def test_updates_and_other_kinds_pass(client) -> None:
          "nvidia.com/gpumem"),
         (lambda p: p["spec"]["containers"][0]["resources"]["limits"].update(
             {"nvidia.com/gpumem": "-5"}), "must not be negative"),
+        # virtual device memory's opt-in: "true" or "false" only (docs/virtual-memory.md)
+        (lambda p: p["metadata"].update(
+            annotations={"tessera.io/memory-oversubscription": "yes"}),
+         'tessera.io/memory-oversubscription: must be "true" or "false"'),
     ],
 )  # fmt: skip
 def test_what_can_never_run_is_denied_with_the_field(client, change, needle) -> None:

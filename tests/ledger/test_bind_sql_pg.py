@@ -73,8 +73,9 @@ def test_the_pipelined_reads_wait_for_the_node_lock_and_see_what_its_holder_wrot
                     "deadline": None, "reserved_at": now, "created_at": now, "updated_at": now,
                 }  # fmt: skip
                 slices = [
-                    (locked.cards[0].pk, "main", 0, False, 1000, 0, False, None, "", None, None)
-                ]
+                    sql.NewSlice(locked.cards[0].pk, "main", 0, False, 1000, 0, False, None, "",
+                                 None, None)
+                ]  # fmt: skip
                 sql.insert_binding(values, slices)  # writes under the lock
         finally:
             connections.close_all()

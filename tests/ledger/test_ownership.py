@@ -172,6 +172,7 @@ SCENARIOS: dict[str, Scenario] = {
     "nodes.mark_stale_nodes": (_stale, lambda: nodes.mark_stale_nodes("test")),
     "nodes.mark_deleted_nodes": (_nothing, lambda: nodes.mark_deleted_nodes({"n1"}, "test")),
     "nodes.set_card_slots": (_nothing, lambda: nodes.set_card_slots("GPU-n1-1", 3, "test")),
+    "nodes.set_card_factor": (_nothing, lambda: nodes.set_card_factor("GPU-n1-1", "2", "test")),
     "nodes.prune_missing_cards": (_card_long_missing, lambda: nodes.prune_missing_cards("test")),
     "cordons.set_node_cordon": (_nothing, lambda: cordons.set_node_cordon("n2", True, "test")),
     "cordons.set_card_cordon": (

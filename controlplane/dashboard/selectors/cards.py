@@ -1,25 +1,28 @@
 """The dashboard's card pages: a card's bar of slices (and a MIG card's layout of instances),
 and one card's detail with its health and cordon history. The node pages draw these cards too
-(`nodes`)."""
+(`nodes`). A card that oversubscribes (docs/virtual-memory.md) shows its factor, its virtual and
+resident use, and per slice what stays on the card and what spilled."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.db.models import QuerySet
 
 from controlplane.dashboard.selectors.common import percent
+from controlplane.dashboard.selectors.operations import container_usage
 from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import AuditEvent, Card, Slice
+from controlplane.ledger.selectors import card_factor
 from controlplane.ledger.services.mode_rules import describe
-from controlplane.scheduling import CardClaim
+from controlplane.scheduling import FACTOR_ONE, CardClaim, format_factor, virtual_mib
 from controlplane.scheduling.mig import GEOMETRIES, geometry_for
 
 CARD_HEALTH_ACTIONS = ("card-health", "card-missing", "card-returned")
 CARD_HISTORY_ACTIONS = (
     *CARD_HEALTH_ACTIONS, "card-cordon", "card-uncordon", "card-mode", "card-mode-requested",
-    "card-mode-cancelled",
+    "card-mode-cancelled", "card-memory-factor",
 )  # fmt: skip
 
 
@@ -35,11 +38,17 @@ class SliceView:
     init: bool
     memory_mib: int
     cores: int
-    memory_share: float  # percent of the card's memory
+    memory_share: float  # percent of the card's memory (of f x it where oversubscribed)
     cores_share: float  # percent of the card's compute
     mig_profile: str = ""  # on a MIG card: the GPU instance's profile and placement
     mig_start: int | None = None
     mig_size: int | None = None
+    # Virtual device memory (docs/virtual-memory.md): the slice's resident part (None: all of
+    # it), and what its container holds on the card and has spilled, as its node plugin last
+    # reported (None: not known).
+    resident_mib: int | None = None
+    resident_used_mib: int | None = None
+    spilled_mib: int | None = None
 
 
 def mig_memory_slices(model: str) -> int:
@@ -82,6 +91,8 @@ class CardView:
     pending_mode: str = ""
     mig_capable: bool = False
     mig_enabled: bool = False
+    memory_factor: int | None = None  # the operator's own factor (hundredths); None: the node's
+    node_memory_factor: int = FACTOR_ONE  # the node's reported default
     usage: CardClaim = ledger_usage.EMPTY_CARD
     slices: list[SliceView] = field(default_factory=list)
 
@@ -121,6 +132,36 @@ class CardView:
         if at < total:
             cells.append(MigCell(at, total - at, percent(total - at, total)))
         return cells
+
+    @property
+    def spills(self) -> bool:
+        """Some slice may spill, or has: the slice table shows resident and spilled MiB."""
+        return any(s.resident_mib is not None or s.spilled_mib for s in self.slices)
+
+    @property
+    def factor(self) -> int:
+        """The oversubscription factor that applies (hundredths, docs/virtual-memory.md)."""
+        return card_factor(self.memory_factor, self.node_memory_factor)
+
+    @property
+    def factor_text(self) -> str:
+        """The factor as people write it: "1", "1.5"."""
+        return format_factor(self.factor)
+
+    @property
+    def own_factor_text(self) -> str | None:
+        """The operator's own factor, None when the card follows its node's."""
+        return None if self.memory_factor is None else format_factor(self.memory_factor)
+
+    @property
+    def virtual_mib(self) -> int:
+        """f x the card's memory: what its slices may add up to."""
+        return virtual_mib(self.memory_mib, self.factor)
+
+    @property
+    def resident_allocated_mib(self) -> int:
+        """What the card's slices keep on the card (their memory less what may spill)."""
+        return self.usage.resident
 
     @property
     def memory_free_mib(self) -> int:
@@ -163,6 +204,8 @@ CARD_FIELDS = (
     "pending_mode",
     "mig_capable",
     "mig_enabled",
+    "memory_factor",
+    "node__memory_factor",
 )
 
 
@@ -174,8 +217,6 @@ SLICE_VIEW_FIELDS = (
     "binding__phase",
     "container_name",
     "mig_profile",
-    "mig_start",
-    "mig_size",
 )
 
 
@@ -211,11 +252,12 @@ def card_views(
                 row.init_container,
                 row.memory_mib,
                 row.compute_percent,
-                percent(row.memory_mib, card.memory_mib),
+                percent(row.memory_mib, card.virtual_mib),  # the bar is f x the memory
                 percent(row.compute_percent, card.compute_units),
                 row.mig_profile,
                 row.mig_start,
                 row.mig_size,
+                row.resident_mib,
             )
         )
     for card in cards:
@@ -245,9 +287,21 @@ def card_detail(uuid: str) -> CardDetail | None:
     if extra is None:
         return None
     cards = card_views(Card.objects.filter(uuid=uuid), Slice.objects.filter(card__uuid=uuid))
+    card = cards[0]
+    if card.spills:  # one more query, only on a card whose slices may spill
+        used = container_usage({card.node_name})
+        card.slices = [
+            replace(
+                s,
+                resident_used_mib=sample.get("memory_resident_mib"),
+                spilled_mib=sample.get("memory_spilled_mib"),
+            )
+            for s in card.slices
+            for sample in [used.get((card.node_name, s.namespace, s.pod, s.container, uuid), {})]
+        ]
     history = list(
         AuditEvent.objects.filter(
             target_type="card", target=uuid, action__in=CARD_HISTORY_ACTIONS
         ).order_by("-at", "-id")[:100]
     )
-    return CardDetail(cards[0], *extra, history)
+    return CardDetail(card, *extra, history)

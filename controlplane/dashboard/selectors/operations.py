@@ -23,6 +23,7 @@ SLICE_API_FIELDS = {
     "node": "card__node__name",
     "card": "card__uuid",
     "memory_mib": "memory_mib",
+    "resident_mib": "resident_mib",
     "compute_percent": "compute_percent",
     "active": "active",
 }
@@ -59,6 +60,8 @@ def slice_dicts(qs: QuerySet[Slice]) -> list[dict[str, Any]]:
         sample = used.get(key, {}) if r["active"] else {}
         r["memory_used_mib"] = sample.get("memory_used_mib")
         r["compute_used_percent"] = sample.get("compute_used_percent")
+        r["memory_resident_mib"] = sample.get("memory_resident_mib")
+        r["memory_spilled_mib"] = sample.get("memory_spilled_mib")
         r["used_at"] = sample.get("at")
     return rows
 

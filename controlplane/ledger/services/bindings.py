@@ -80,7 +80,7 @@ class Reservation:
             allocation.SliceRow(
                 a.container_name, a.container_index, a.init, a.card_uuid, indexes[a.card_uuid],
                 a.memory_mib, a.cores, a.sidecar, a.priority, a.mode, a.mig_profile, a.mig_start,
-                a.mig_size,
+                a.mig_size, a.resident_mib,
             )
             for a in self.assignments
         )  # fmt: skip
@@ -291,7 +291,7 @@ def _assignment(row: allocation.SliceRow) -> Assignment:
     return Assignment(
         row.container_name, row.container_index, row.init, row.card_uuid, row.memory_mib,
         row.cores, row.sidecar, row.priority, row.mode, row.mig_profile, row.mig_start or 0,
-        row.mig_size or 0,
+        row.mig_size or 0, row.resident_mib,
     )  # fmt: skip
 
 
@@ -302,7 +302,7 @@ def _slice_rows(
     return [
         sql.NewSlice(card_ids[a.card_uuid], a.container_name, a.container_index, a.init,
                      a.memory_mib, a.cores, a.sidecar, a.priority, a.mig_profile,
-                     a.mig_start if a.mig_size else None, a.mig_size or None)
+                     a.mig_start if a.mig_size else None, a.mig_size or None, a.resident_mib)
         for a in assignments
     ]  # fmt: skip
 
@@ -517,7 +517,7 @@ def adopt_binding(record: allocation.Allocation, actor: str) -> BindingPhase:
     )
     assignments = [
         Assignment(c.name, c.index, c.init, d.uuid, d.memory_mib, d.cores, c.sidecar, c.priority,
-                   d.mode, *(d.mig or ("", 0, 0)))
+                   d.mode, *(d.mig or ("", 0, 0)), d.resident_mib)
         for c in record.containers
         for d in c.devices
     ]  # fmt: skip

@@ -1,6 +1,6 @@
 """Nodes and their cards: a node plugin's inventory report (also its heartbeat), nodes that went
-silent or left the cluster, the slots an operator gives a card, and cards long gone from their
-node's reports."""
+silent or left the cluster, the slots and the oversubscription factor an operator gives a card,
+and cards long gone from their node's reports."""
 
 from __future__ import annotations
 
@@ -17,9 +17,17 @@ from django.utils import timezone
 
 from controlplane.ledger.errors import Conflict, NotFound, ServiceError
 from controlplane.ledger.models import Card, Node, PodBinding, Slice
+from controlplane.ledger.selectors import card_factor, node_cards
 from controlplane.ledger.services.audit import record_event
 from controlplane.ledger.services.mode_rules import SYSTEM, initial_mode
 from controlplane.ledger.validation import NODE_NAME_HELP, is_node_name
+from controlplane.scheduling import (
+    FACTOR_ONE,
+    FactorError,
+    factor_refusal,
+    format_factor,
+    parse_factor,
+)
 
 MAX_SLOTS = 64  # slices a card may hold at once: well past what a GPU's memory can be cut into
 # Bounds of a reported MIG layout: NVIDIA's MIG GPUs have at most 8 memory slices and 7 GPU
@@ -71,9 +79,17 @@ class ContainerUsageReport:
     card: str  # the card's UUID
     memory_used_mib: int
     compute_used_percent: int | None  # None: NVML gave no per-process figure
+    # From the shim's region (virtual device memory): what the container holds on the card
+    # and what it has spilled to host memory; None: the plugin did not say.
+    memory_resident_mib: int | None = None
+    memory_spilled_mib: int | None = None
 
     def stored(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key in ("memory_resident_mib", "memory_spilled_mib"):
+            if out[key] is None:
+                del out[key]  # a sample without them reads as before
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +98,12 @@ class InventoryReport:
     cards: tuple[CardReport, ...]
     # None: a plugin that sends no usage (older, or metrics sampling off); keep what is known
     usage: tuple[ContainerUsageReport, ...] | None = None
+    # Virtual device memory (docs/virtual-memory.md): the node's default factor of its cards
+    # (hundredths), the host memory set aside for spill, the node's memory; each None when the
+    # plugin does not say (then: 1, 0, unknown).
+    memory_factor: int | None = None
+    spill_reserve_mib: int | None = None
+    host_memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +139,7 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     if not is_node_name(node_name):
         message = f"name: {node_name!r} is not a valid node name: {NODE_NAME_HELP}"
         raise ServiceError(message, "name")
+    _check_spill_reserve(report.spill_reserve_mib, report.host_memory_mib)
     now = timezone.now()
     node, created = Node.objects.get_or_create(name=node_name)
     node = Node.objects.select_for_update().get(pk=node.pk)
@@ -216,6 +239,22 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     node.last_heartbeat = now
     node.plugin_version = report.plugin_version
     fields = ["ready", "last_heartbeat", "plugin_version"]
+    # Absent means the defaults: a plugin that never set them reports none, every time.
+    memory = (
+        FACTOR_ONE if report.memory_factor is None else report.memory_factor,
+        report.spill_reserve_mib or 0,
+        report.host_memory_mib,
+    )
+    if memory != (node.memory_factor, node.spill_reserve_mib, node.host_memory_mib):
+        if memory[:2] != (node.memory_factor, node.spill_reserve_mib):
+            record_event(
+                actor, "node-memory", "node", node.name,
+                before={"factor": format_factor(node.memory_factor),
+                        "spill_reserve_mib": node.spill_reserve_mib},
+                after={"factor": format_factor(memory[0]), "spill_reserve_mib": memory[1]},
+            )  # fmt: skip
+        node.memory_factor, node.spill_reserve_mib, node.host_memory_mib = memory
+        fields += ["memory_factor", "spill_reserve_mib", "host_memory_mib"]
     if report.usage is not None:
         node.usage = [u.stored() for u in report.usage]
         node.usage_at = now
@@ -225,6 +264,16 @@ def apply_inventory(node_name: str, report: InventoryReport, actor: str) -> Inve
     return InventoryResult(
         node, created, tuple(added), tuple(missing), tuple(c.uuid for c in pruned), modes
     )
+
+
+def _check_spill_reserve(reserve_mib: int | None, host_memory_mib: int | None) -> None:
+    """A node cannot set aside more host memory for spill than it has: refused, naming both."""
+    if reserve_mib is not None and host_memory_mib is not None and reserve_mib > host_memory_mib:
+        raise ServiceError(
+            f"spill_reserve_mib: {reserve_mib} MiB is more than the node's memory "
+            f"(host_memory_mib {host_memory_mib} MiB); set aside at most what the node has",
+            "spill_reserve_mib",
+        )
 
 
 def _prunable() -> QuerySet[Card]:
@@ -355,6 +404,56 @@ def mark_deleted_nodes(cluster_nodes: set[str], actor: str) -> int:
         for name in gone:
             record_event(actor, "node-deleted", "node", name)
     return len(gone)
+
+
+@dataclass(frozen=True, slots=True)
+class CardFactor:
+    """A card after `set_card_factor`: its own factor before and after (hundredths, None: the
+    node's) and the factor that applies."""
+
+    uuid: str
+    node: str
+    before: int | None
+    own: int | None
+    applied: int
+
+
+@transaction.atomic(durable=True)
+def set_card_factor(uuid: str, factor: str | None, actor: str, reason: str = "") -> CardFactor:
+    """The card's own oversubscription factor (docs/virtual-memory.md): a decimal string from "1"
+    to "16" with at most two decimal places, or None to go back to the node's reported default.
+    Audited when it changes.
+
+    Locks the card's node first, as bind does, and checks the factor that would apply against
+    what the card holds under that lock: one whose virtual budget (f x memory) would no longer
+    hold the card's slices is refused (Conflict, naming the figures) and changes nothing. Bound
+    slices keep their resident parts whatever the factor (the card's resident sum is the same
+    under any factor): it decides the room left."""
+    own = None
+    if factor is not None:
+        try:
+            own = parse_factor(factor)
+        except FactorError as exc:
+            raise ServiceError(f"factor: {exc}", "factor") from None
+    card = lock_card(uuid)
+    applied = card_factor(own, card.node.memory_factor)
+    before = card.memory_factor
+    if own != before:
+        held = next(c for c in node_cards([card.node.name]) if c.uuid == uuid)
+        why = factor_refusal(held.memory_mib, held.used_memory_mib, applied)
+        if why is not None:
+            raise Conflict(
+                f"card {uuid} cannot take oversubscription factor {format_factor(applied)}: {why}",
+                field="factor",
+            )
+        card.memory_factor = own
+        card.save(update_fields=["memory_factor"])
+        record_event(
+            actor, "card-memory-factor", "card", uuid, node=card.node.name, reason=reason,
+            before=None if before is None else format_factor(before),
+            after=None if own is None else format_factor(own), applies=format_factor(applied),
+        )  # fmt: skip
+    return CardFactor(uuid, card.node.name, before, own, applied)
 
 
 def lock_card(uuid: str) -> Card:

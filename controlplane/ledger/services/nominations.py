@@ -24,8 +24,14 @@ from controlplane.scheduling import CardClaim
 
 
 def claims_json(claims: Mapping[str, CardClaim]) -> dict[str, list[int]]:
-    """Card UUID -> [memory MiB, compute, slots, exclusive (0/1)]."""
-    return {uuid: [c.memory_mib, c.cores, c.slots, int(c.exclusive)] for uuid, c in claims.items()}
+    """Card UUID -> [memory MiB, compute, slots, exclusive (0/1)], then [MIG mask, resident
+    MiB, spill MiB] where the pod's slices there spill (virtual device memory): the hold then
+    keeps the same room in each budget as the pod will."""
+    return {
+        uuid: [c.memory_mib, c.cores, c.slots, int(c.exclusive)]
+        + ([c.mig_mask, c.resident, c.spill_mib] if c.resident_mib is not None else [])
+        for uuid, c in claims.items()
+    }
 
 
 @transaction.atomic(durable=True)
