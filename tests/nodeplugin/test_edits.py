@@ -71,6 +71,42 @@ def test_no_task_priority_without_the_pod_asking() -> None:
     assert "TESSERA_TASK_PRIORITY" not in edits.paths_config(plan(), LAYOUT)
 
 
+def oversubscribed_plan() -> edits.ContainerPlan:
+    c = ContainerAllocation(
+        "app",
+        0,
+        False,
+        (
+            SliceDevice("GPU-b", 4000, 30, resident_mib=2667),
+            SliceDevice("GPU-a", 2000, 0),
+            SliceDevice("GPU-c", 1000, 0, resident_mib=1000),
+        ),
+    )
+    return edits.make_plan("alloc-y", c, CARDS, namespace="ns", pod="p", pod_uid="u")
+
+
+def test_a_resident_part_goes_beside_the_limit_only_where_the_record_has_one() -> None:
+    env = edits.container_env(oversubscribed_plan(), LAYOUT)
+    resident = {k: v for k, v in env.items() if k.startswith("TESSERA_DEVICE_MEMORY_RESIDENT_")}
+    assert resident == {
+        "TESSERA_DEVICE_MEMORY_RESIDENT_0": "2667",
+        "TESSERA_DEVICE_MEMORY_RESIDENT_2": "1000",
+    }
+    assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "4000"
+    spec = edits.cdi_spec("tessera.io/gpu", oversubscribed_plan(), LAYOUT, [])
+    (dev,) = spec["devices"]  # type: ignore[misc]
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_0=2667" in dev["containerEdits"]["env"]
+    # host-path mode numbers the cards by index: GPU-a 0, GPU-b 1, GPU-c 2
+    config = edits.paths_config(oversubscribed_plan(), LAYOUT)
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_1=2667\n" in config
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_0" not in config
+
+
+def test_no_resident_part_no_variable() -> None:
+    env = edits.container_env(plan(), LAYOUT)
+    assert not any(k.startswith("TESSERA_DEVICE_MEMORY_RESIDENT_") for k in env)
+
+
 def test_cdi_spec_gives_exactly_the_cards() -> None:
     spec = edits.cdi_spec("tessera.io/gpu", plan(), LAYOUT, ["nvidiactl", "nvidia-uvm"])
     assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "tessera.io/gpu"
