@@ -6,7 +6,13 @@ import pytest
 
 from nodeplugin import edits
 from nodeplugin.allocation import ContainerAllocation, SliceDevice
-from nodeplugin.cards import Card, Health, inventory_report
+from nodeplugin.cards import (
+    VIRTUAL_MEMORY_KEYS,
+    Card,
+    Health,
+    inventory_report,
+    virtual_memory_fields,
+)
 
 CARDS = {
     "GPU-a": Card("GPU-a", 0, "A100", 81920, 0, 0),
@@ -177,3 +183,24 @@ def test_every_gpu_container_numbers_cards_in_pci_order(order: list[str]) -> Non
     assert edits.container_env(plan_, LAYOUT)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     paths = edits.paths_allocate("alloc-y", [CARDS[u] for u in order], LAYOUT, [])
     assert paths.envs["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_node_that_oversubscribes_says_so_at_the_top_of_its_report() -> None:
+    memory = virtual_memory_fields("1.5", 16384, 65536)
+    body = inventory_report("1.0", list(CARDS.values()), {}, memory=memory)
+    assert set(body) == {"plugin_version", "cards", *VIRTUAL_MEMORY_KEYS}
+    assert (body["memory_oversubscription"], body["spill_reserve_mib"]) == ("1.5", 16384)
+    assert body["host_memory_mib"] == 65536
+    # a reserve alone is enough to say it; an unknown node memory is left out
+    assert virtual_memory_fields("1", 1024, None) == {
+        "memory_oversubscription": "1",
+        "spill_reserve_mib": 1024,
+    }
+
+
+def test_a_node_that_leaves_oversubscription_off_reports_as_before() -> None:
+    assert virtual_memory_fields("1", 0, 65536) == {}
+    body = inventory_report(
+        "1.0", list(CARDS.values()), {}, memory=virtual_memory_fields("1", 0, 1)
+    )
+    assert set(body) == {"plugin_version", "cards"}
