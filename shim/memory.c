@@ -390,7 +390,8 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (!reserve(dev, est))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (tessera_oversubscribed(dev) && tessera_region_resident(dev) > tessera_cfg.mem_resident[dev])
+    if (tessera_oversubscribed(dev) &&
+        tessera_region_resident(dev) > __atomic_load_n(&tessera_cfg.mem_resident[dev], __ATOMIC_RELAXED))
         return pitch_managed(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, dev, est);
     CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r != CUDA_SUCCESS || dptr == NULL || pPitch == NULL) {
