@@ -172,13 +172,16 @@ static int read_proc_stat(uint32_t pid, uint64_t *start, char *state)
 }
 
 /* A slot's counts as a process that holds nothing has them: spilled first, so that no reader
- * sees more spilled than used. */
+ * sees more spilled than used.  A release its owner died in the middle of ends here too, so
+ * readers stop waiting for it. */
 static void zero_counts(struct tessera_region_proc *p)
 {
     for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++) {
         __atomic_store_n(&p->spilled[d], 0, __ATOMIC_RELEASE);
         __atomic_store_n(&p->used[d], 0, __ATOMIC_RELEASE);
     }
+    __atomic_add_fetch(&p->spill_gen, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p->spill_busy, 0, __ATOMIC_SEQ_CST);
 }
 
 static bool process_alive(uint32_t pid, uint64_t start_time)

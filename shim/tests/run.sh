@@ -126,6 +126,21 @@ over_two() {
     return $rc
 }
 t "oversubscribed: two processes of one container share the resident and the spilled counts" over_two
+# Every slot taken: 63 by a live process (this script), slot 0 by a dead one that died in the
+# middle of releasing spilled memory.  The newcomer reclaims slot 0 and must not inherit that
+# unfinished release (its own spilled memory would then count as on the card).
+over_reused_slot() {
+    "$PY" -c 'import struct, sys
+data = bytearray(21056)
+struct.pack_into("<QIIQIII", data, 0, 0x3141524553534554, 3, 64, 21056, 16, 64, 64)
+dead, alive = int(open("/proc/sys/kernel/pid_max").read()), int(sys.argv[2])
+for i in range(64):
+    struct.pack_into("<I", data, 576 + 320 * i, dead if i == 0 else alive)
+struct.pack_into("<I", data, 576 + 144, 1)  # slot 0: spill_busy
+open(sys.argv[1], "wb").write(data)' "$REGION" "$$" || return 1
+    shim $OVER "$B/t_oversub" on_card
+}
+t "oversubscribed: a reclaimed slot does not inherit a dead process's unfinished release" over_reused_slot
 t "oversubscribed: a resident part above the card is the card" \
     shim FAKE_CUDA_MEM_MIB=768 TESSERA_DEVICE_MEMORY_RESIDENT_0=1000 "$B/t_oversub" card
 t "resident part equal to the limit: not oversubscribed" \

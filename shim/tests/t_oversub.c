@@ -94,6 +94,12 @@ static void case_managed(void)
     CHECK(s.managed_calls == 1, "%llu managed calls", (unsigned long long)s.managed_calls);
     /* The card (768 MiB) holds it all for now; the region counts it as past the resident part. */
     expect_region(700, 300);
+    /* The application's own managed memory past the resident part is spilled the same way. */
+    CUdeviceptr c;
+    CHECK_CU(cuMemAllocManaged(&c, 200 * MiB, CU_MEM_ATTACH_GLOBAL));
+    expect_region(900, 500);
+    CHECK_CU(cuMemFree_v2(c));
+    expect_region(700, 300);
 }
 
 static void case_limit(void)
@@ -132,6 +138,11 @@ static void case_on_card(void)
     CUdeviceptr c;
     CHECK_CU(cuMemAlloc_v2(&c, 200 * MiB));
     CHECK(via(c) == FAKE_VIA_MANAGED, "served by %d, want managed", via(c));
+    /* What is on the card is what the budget sees, spilled memory aside: 412 MiB after the
+     * free, so 50 MiB more fit. */
+    CHECK_CU(cuMemRelease(h));
+    CHECK_CU(cuMemCreate(&h, 50 * MiB, &prop, 0));
+    expect_region(662, 200);
 }
 
 static void case_no_access(void)
