@@ -52,6 +52,13 @@ class SliceDevice:
     cores: int
     mode: str = SHARED
     mig: MigPlacement | None = None
+    # Virtual device memory: the part of memory_mib held on the card; None (the record leaves
+    # it out) = all of it. Below memory_mib the rest may spill to host memory.
+    resident_mib: int | None = None
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.resident_mib is not None and self.resident_mib < self.memory_mib
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,15 @@ def parse(data: Any) -> Allocation:
             if not 0 <= cores <= 100:
                 raise AllocationError(f"allocation record: {dwhere}cores={cores} is not 0..100")
             mode, mig = _mode(d, dwhere)
-            devices.append(SliceDevice(uuid, memory, cores, mode, mig))
+            resident = None
+            if "resident_mib" in d:
+                resident = _field(d, "resident_mib", int, dwhere)
+                if not 1 <= resident <= memory:
+                    raise AllocationError(
+                        f"allocation record: {dwhere}resident_mib={resident} is not "
+                        f"1..memory_mib ({memory})"
+                    )
+            devices.append(SliceDevice(uuid, memory, cores, mode, mig, resident))
         if len({d.uuid for d in devices}) != len(devices):
             raise AllocationError(
                 f"allocation record: {where}devices repeats a card; each slice is on its own card"

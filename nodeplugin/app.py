@@ -486,6 +486,11 @@ class Plugin:
                     part, what = "mig", "the cards' MIG state"
                     for card in cards:
                         card.pop("mig", None)
+                elif any(k in report and k in str(exc) for k in cardmod.VIRTUAL_MEMORY_KEYS):
+                    # Without them the control plane takes the node as one that spills nothing.
+                    part, what = "memory", "the node's oversubscription and spill reserve"
+                    for k in cardmod.VIRTUAL_MEMORY_KEYS:
+                        report.pop(k, None)
                 else:
                     raise
                 self._refused_until[part] = time.monotonic() + REFUSED_PART_RETRY_S
@@ -495,6 +500,15 @@ class Plugin:
                     exc,
                     REFUSED_PART_RETRY_S,
                 )
+
+    def _memory_fields(self) -> dict[str, object]:
+        """The report's virtual device memory keys, unless the control plane refused them."""
+        if not self._offered("memory"):
+            return {}
+        s = self.s
+        return cardmod.virtual_memory_fields(
+            s.memory_oversubscription, s.spill_reserve_mib, s.host_memory_mib
+        )
 
     def _reported_health(self) -> dict[str, Health]:
         """The cards' health as the control plane must see it: a card the kubelet cannot hand
@@ -532,7 +546,9 @@ class Plugin:
         admission, and a pod bound in that gap would fail for good."""
         if self.dra.successor_serves() if self.dra is not None else self._successor_serves():
             return False
-        report = cardmod.inventory_report(__version__, self.cards, self._reported_health())
+        report = cardmod.inventory_report(
+            __version__, self.cards, self._reported_health(), memory=self._memory_fields()
+        )
         try:
             async with asyncio.timeout(LAST_REPORT_S):
                 await self._put_report(report)
@@ -549,7 +565,9 @@ class Plugin:
         while not self.terminating.is_set():
             self._report_now.clear()
             mig = await asyncio.to_thread(self._mig_report) if self._offered("mig") else {}
-            report = cardmod.inventory_report(__version__, self.cards, self._reported_health(), mig)
+            report = cardmod.inventory_report(
+                __version__, self.cards, self._reported_health(), mig, self._memory_fields()
+            )
             usage = self.sampler.latest_usage() if self.sampler is not None else None
             if usage is not None and self._offered("usage"):
                 report["usage"] = usage
@@ -631,6 +649,8 @@ class Plugin:
             modes=lambda: dict(self.modes),
             health=lambda: dict(self.registry.health),
             xids=lambda: dict(monitor.xids) if monitor is not None else {},
+            spill=bool(self._memory_fields()),
+            host_mib=self.s.host_memory_mib,
         )
         self.sampler.start()
         if not self.s.metrics_port:

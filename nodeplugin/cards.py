@@ -34,10 +34,12 @@ def inventory_report(
     cards: list[Card],
     health: dict[str, Health],
     mig: Mapping[str, dict[str, object]] | None = None,
+    memory: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
     """The JSON body of ``PUT /api/v1/nodes/<name>/inventory`` (DESIGN §7), exactly. ``mig``
     (docs/card-modes.md) goes on the cards that can do MIG only: a card without it is not
-    MIG capable, and a control plane that predates MIG never meets the key."""
+    MIG capable, and a control plane that predates MIG never meets the key. ``memory`` (from
+    :func:`virtual_memory_fields`) goes at the top level."""
     out = []
     for c in sorted(cards, key=lambda c: c.index):
         card: dict[str, object] = {
@@ -52,7 +54,23 @@ def inventory_report(
         if mig and c.uuid in mig:
             card["mig"] = mig[c.uuid]
         out.append(card)
-    return {"plugin_version": plugin_version, "cards": out}
+    return {"plugin_version": plugin_version, "cards": out, **(memory or {})}
+
+
+# The inventory report's node-level keys of virtual device memory (docs/nodeplugin.md).
+VIRTUAL_MEMORY_KEYS = ("memory_oversubscription", "spill_reserve_mib", "host_memory_mib")
+
+
+def virtual_memory_fields(factor: str, reserve_mib: int, host_mib: int | None) -> dict[str, object]:
+    """The node's default oversubscription factor, spill reserve and memory, as the report
+    carries them; nothing for a node that leaves the feature off (factor "1", no reserve), so
+    its report stays what it was and a control plane that predates the keys never meets them."""
+    if factor == "1" and reserve_mib == 0:
+        return {}
+    out: dict[str, object] = {"memory_oversubscription": factor, "spill_reserve_mib": reserve_mib}
+    if host_mib is not None:
+        out["host_memory_mib"] = host_mib
+    return out
 
 
 def modes_from_answer(answer: Mapping[str, Any], uuids: Collection[str]) -> dict[str, str] | None:

@@ -12,6 +12,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from nodeplugin import dra_paths
@@ -95,6 +96,12 @@ class Settings:
     # KubeletRegistryDir and KubeletPluginsDir/<driver> in dynamic-resource-allocation).
     dra_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     dra_plugin_dir: Path = Path("/var/lib/kubelet/plugins/gpu.tessera.io")
+    # Virtual device memory (docs/nodeplugin.md): the default oversubscription factor of this
+    # node's cards (a decimal string, "1" = off), the host memory set aside for what slices
+    # spill (MiB), and the node's memory (MemTotal, MiB; None when it cannot be read).
+    memory_oversubscription: str = "1"
+    spill_reserve_mib: int = 0
+    host_memory_mib: int | None = None
 
     @property
     def plugin_socket_path(self) -> Path:
@@ -292,6 +299,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
             f"{str(dra_plugin_dir)!r} make a socket path of {longest} bytes; a unix socket's "
             f"path holds at most {dra_paths.MAX_SOCKET_PATH}: use shorter directories"
         )
+    proc_root = _abs_path(env, "TESSERA_PROC_ROOT", d.proc_root)
+    factor, reserve, host_mib = _virtual_memory(env, proc_root)
     return Settings(
         node_name=node,
         resource_name=resource,
@@ -352,13 +361,16 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         # At most 1 s: a hold's lease is 5 polls, and the shim ignores one over 10 s ahead.
         priority_poll_s=_float(env, "TESSERA_PRIORITY_POLL_S", d.priority_poll_s, 0.01, 1.0),
         priority_busy_s=_float(env, "TESSERA_PRIORITY_BUSY_S", d.priority_busy_s, 0.01, 600.0),
-        proc_root=_abs_path(env, "TESSERA_PROC_ROOT", d.proc_root),
+        proc_root=proc_root,
         mps_control=_mps_control(env, d.mps_control),
         mps_container_dir=_container_path(env, "TESSERA_MPS_CONTAINER_DIR", d.mps_container_dir),
         mps_poll_s=_float(env, "TESSERA_MPS_POLL_S", d.mps_poll_s, 0.01, 60.0),
         plugin_mode=plugin_mode,
         dra_registry_dir=dra_registry_dir,
         dra_plugin_dir=dra_plugin_dir,
+        memory_oversubscription=factor,
+        spill_reserve_mib=reserve,
+        host_memory_mib=host_mib,
     )
 
 
@@ -391,3 +403,64 @@ def _mps_control(env: Mapping[str, str], default: str) -> str:
             f"TESSERA_MPS_CONTROL={raw!r} must be a command name on PATH or an absolute path"
         )
     return raw
+
+
+MAX_OVERSUBSCRIPTION = 16
+_DECIMAL = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
+
+
+def oversubscription_factor(name: str, raw: str) -> str:
+    """``raw`` as the inventory report carries a factor: a decimal from 1 to 16 with at most two
+    decimal places, written without trailing zeros ("1.50" -> "1.5"); ConfigError naming
+    ``name`` otherwise."""
+    text = raw.strip()
+    if not _DECIMAL.match(text):
+        raise ConfigError(
+            f"{name}={raw!r} is not a decimal number: use 1 to {MAX_OVERSUBSCRIPTION}, e.g. "
+            f"{name}=1.5 (1 = no oversubscription)"
+        )
+    value = Decimal(text)
+    if "." in text and len(text.rstrip("0").split(".")[1]) > 2:
+        raise ConfigError(f"{name}={raw!r} has more than two decimal places, e.g. use 1.25")
+    if not 1 <= value <= MAX_OVERSUBSCRIPTION:
+        raise ConfigError(
+            f"{name}={raw!r} is out of range: use 1 to {MAX_OVERSUBSCRIPTION} "
+            "(1 = no oversubscription; a factor below 1 would shrink the cards)"
+        )
+    return format(value.normalize(), "f")
+
+
+def host_memory_mib(proc_root: Path) -> int | None:
+    """The node's memory in MiB (``MemTotal`` of ``<proc_root>/meminfo``); None when unknown."""
+    try:
+        text = (proc_root / "meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemTotal:" and parts[1].isdigit():
+            mib = int(parts[1]) // 1024  # the kernel writes kB (KiB)
+            return mib if mib >= 1 else None
+    return None
+
+
+def _virtual_memory(env: Mapping[str, str], proc_root: Path) -> tuple[str, int, int | None]:
+    """The node's oversubscription factor, spill reserve and memory. A reserve the node cannot
+    hold stops the plugin: the control plane would place spills on memory that is not there."""
+    factor = oversubscription_factor(
+        "TESSERA_MEMORY_OVERSUBSCRIPTION", env.get("TESSERA_MEMORY_OVERSUBSCRIPTION", "") or "1"
+    )
+    reserve = _int(env, "TESSERA_SPILL_RESERVE_MIB", 0, 0, 1 << 40)
+    host = host_memory_mib(proc_root)
+    if reserve and host is None:
+        raise ConfigError(
+            f"TESSERA_SPILL_RESERVE_MIB={reserve} cannot be checked: MemTotal cannot be read from "
+            f"{proc_root / 'meminfo'} (set TESSERA_PROC_ROOT to the host's /proc)"
+        )
+    if host is not None and reserve > host:
+        raise ConfigError(
+            f"TESSERA_SPILL_RESERVE_MIB={reserve} is more than this node's memory ({host} MiB, "
+            f"MemTotal in {proc_root / 'meminfo'}): set aside at most what the node has, and "
+            "leave room for its pods"
+        )
+    return factor, reserve, host

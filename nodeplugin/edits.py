@@ -37,6 +37,7 @@ class PlanDevice:
     mode: str = SHARED
     mig: MigPlacement | None = None  # the record's placement (mode mig)
     mig_device: MigDevice | None = None  # the instance PreStartContainer gave it
+    resident_mib: int | None = None  # the record's resident part; None: all of memory_mib
 
     @property
     def visible_uuid(self) -> str:
@@ -116,7 +117,9 @@ def make_plan(
                 f"container {container.name!r} is allocated card {d.uuid}, which this node "
                 "does not have"
             )
-        devices.append(PlanDevice(card, d.memory_mib, d.cores, d.mode, d.mig))
+        devices.append(
+            PlanDevice(card, d.memory_mib, d.cores, d.mode, d.mig, resident_mib=d.resident_mib)
+        )
     return ContainerPlan(
         name, tuple(devices), namespace, pod, pod_uid, container.name, container.priority
     )
@@ -124,13 +127,17 @@ def make_plan(
 
 def limit_env(devices: Sequence[PlanDevice]) -> dict[str, str]:
     """``TESSERA_DEVICE_{MEMORY,CORE}_LIMIT_<i>`` with ``i`` the ordinal inside the container,
-    for shared slices only: the shim passes an ordinal without limits through untouched."""
+    for shared slices only: the shim passes an ordinal without limits through untouched.
+    ``TESSERA_DEVICE_MEMORY_RESIDENT_<i>`` beside them when the record gives the slice a
+    resident part (virtual device memory), and only then."""
     env: dict[str, str] = {}
     for i, d in enumerate(devices):
         if not d.shim_limited:
             continue
         env[f"TESSERA_DEVICE_MEMORY_LIMIT_{i}"] = str(d.memory_mib)
         env[f"TESSERA_DEVICE_CORE_LIMIT_{i}"] = str(d.cores)
+        if d.resident_mib is not None:
+            env[f"TESSERA_DEVICE_MEMORY_RESIDENT_{i}"] = str(d.resident_mib)
     return env
 
 

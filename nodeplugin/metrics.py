@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from nodeplugin.allocation import SHARED
 from nodeplugin.cards import Card, Health
+from nodeplugin.config import MAX_OVERSUBSCRIPTION
 from nodeplugin.nvml import Nvml, NvmlError, ProcessSample
 from nodeplugin.owners import Owner
 from nodeplugin.usage import ContainerUsage, UsageReader
@@ -104,6 +105,22 @@ _DEFS = (
         "tessera_container_gpu_memory_used_bytes",
         "gauge",
         "Device memory a container's processes hold on a card (from the shim's region)",
+        CONTAINER_LABELS,
+    ),
+    Definition(
+        "tessera_container_gpu_memory_resident_bytes",
+        "gauge",
+        "Of a container's device memory on a card, what is held on the card: all of it, but for "
+        "an oversubscribed slice, whose part served as managed memory past its resident part "
+        "may be in host memory (from the shim's region)",
+        CONTAINER_LABELS,
+    ),
+    Definition(
+        "tessera_container_gpu_memory_spilled_bytes",
+        "gauge",
+        "Of a container's device memory on a card, what the shim served as managed memory past "
+        "the slice's resident part: the most the driver can have moved to host memory (from the "
+        "shim's region; 0 for a slice that is not oversubscribed)",
         CONTAINER_LABELS,
     ),
     Definition(
@@ -239,17 +256,32 @@ class Used:
     uuid: str
     memory_bytes: int
     compute_percent: float | None  # None: NVML gave no sample of its processes
+    spilled_bytes: int = 0  # of memory_bytes: past the resident part (virtual device memory)
 
 
 MIB = 1024 * 1024
 
 
-def usage_entries(used: Iterable[Used], cards: Mapping[str, int]) -> list[dict[str, object]]:
+def _mib(n: int) -> int:
+    return max(0, -(-n // MIB))  # a byte held shows as 1 MiB, not 0
+
+
+def usage_entries(
+    used: Iterable[Used],
+    cards: Mapping[str, int],
+    *,
+    spill: bool = False,
+    host_mib: int | None = None,
+) -> list[dict[str, object]]:
     """The inventory report's `usage` (docs/nodeplugin.md): one entry per container and card of
     this node (`cards`: UUID -> memory MiB). The region is the container's to write, so its
-    figure is held to the card's memory: a forged one cannot get the report refused. Two records
-    of one container (a restarted container whose old record the collector has not dropped yet)
-    become one entry, the one that holds more memory: the old one's processes are gone."""
+    figures are held to what the node has: what is on the card to the card's memory, what is
+    spilled to the node's memory (`host_mib`) and to the largest factor's share of the card,
+    so a forged one cannot get the report refused or pass for more than there is. Two records
+    of one container (a restarted container whose old record the collector has not dropped
+    yet) become one entry, the one that holds more memory: the old one's processes are gone.
+    With `spill` (a node that oversubscribes) each entry also says how much is resident and
+    how much spilled."""
     best: dict[tuple[str, str, str, str], Used] = {}
     for u in used:
         if u.uuid not in cards:
@@ -257,20 +289,31 @@ def usage_entries(used: Iterable[Used], cards: Mapping[str, int]) -> list[dict[s
         key = (u.owner.namespace, u.owner.pod, u.owner.container, u.uuid)
         if key not in best or u.memory_bytes > best[key].memory_bytes:
             best[key] = u
-    return [
-        {
+    out: list[dict[str, object]] = []
+    for u in best.values():
+        # Only a node that oversubscribes has slices that may spill; a slice is at most the
+        # largest factor times the card.
+        spilled = min(u.spilled_bytes, u.memory_bytes) if spill else 0
+        spill_cap = cards[u.uuid] * MAX_OVERSUBSCRIPTION
+        if host_mib is not None:
+            spill_cap = min(spill_cap, host_mib)
+        resident_mib = min(_mib(u.memory_bytes - spilled), cards[u.uuid])
+        spilled_mib = min(_mib(spilled), spill_cap)
+        entry: dict[str, object] = {
             "namespace": u.owner.namespace,
             "pod": u.owner.pod,
             "container": u.owner.container,
             "card": u.uuid,
-            # a byte held shows as 1 MiB, not 0
-            "memory_used_mib": min(max(0, -(-u.memory_bytes // MIB)), cards[u.uuid]),
+            "memory_used_mib": min(_mib(u.memory_bytes), cards[u.uuid] + spilled_mib),
             "compute_used_percent": None
             if u.compute_percent is None
             else max(0, min(100, round(u.compute_percent))),
         }
-        for u in best.values()
-    ]
+        if spill:
+            entry["memory_resident_mib"] = resident_mib
+            entry["memory_spilled_mib"] = spilled_mib
+        out.append(entry)
+    return out
 
 
 class Sampler(threading.Thread):
@@ -288,6 +331,8 @@ class Sampler(threading.Thread):
         modes: Callable[[], Mapping[str, str]],
         health: Callable[[], Mapping[str, Health]],
         xids: Callable[[], Mapping[str, int]],
+        spill: bool = False,
+        host_mib: int | None = None,
     ) -> None:
         super().__init__(name="metrics", daemon=True)
         self.nvml = nvml
@@ -299,6 +344,8 @@ class Sampler(threading.Thread):
         self.modes = modes
         self.health = health
         self.xids = xids
+        self.spill = spill  # the node oversubscribes: usage says what is resident and spilled
+        self.host_mib = host_mib
         self.read_errors: dict[tuple[str, str], int] = {}
         self.last_seen_us: dict[str, int] = {}
         self._latest: list[Metric] = []
@@ -390,7 +437,10 @@ class Sampler(threading.Thread):
             usages, processes, lambda pid: host_process(self.proc_root, pid)
         )
         usage = usage_entries(
-            self._containers(fam, usages, compute), {c.uuid: c.memory_mib for c in self.cards}
+            self._containers(fam, usages, compute),
+            {c.uuid: c.memory_mib for c in self.cards},
+            spill=self.spill,
+            host_mib=self.host_mib,
         )
         fam["tessera_metrics_sample_seconds"].add_metric([], time.monotonic() - started)
         return list(fam.values()), usage
@@ -429,7 +479,15 @@ class Sampler(threading.Thread):
                 fam["tessera_container_gpu_memory_used_bytes"].add_metric(
                     values, float(dev.used_bytes)
                 )
-                used.append(Used(o, uuid, dev.used_bytes, compute.get((o.name, i))))
+                fam["tessera_container_gpu_memory_resident_bytes"].add_metric(
+                    values, float(dev.resident_bytes)
+                )
+                fam["tessera_container_gpu_memory_spilled_bytes"].add_metric(
+                    values, float(dev.spilled_bytes)
+                )
+                used.append(
+                    Used(o, uuid, dev.used_bytes, compute.get((o.name, i)), dev.spilled_bytes)
+                )
                 fam["tessera_container_gpu_memory_limit_bytes"].add_metric(
                     values, float(dev.limit_bytes)
                 )

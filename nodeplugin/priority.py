@@ -35,7 +35,7 @@ from pathlib import Path
 
 from nodeplugin.edits import REGION_FILE
 from nodeplugin.owners import Owner, read_owner
-from nodeplugin.shared_region import REGION_SIZE, RegionError, RegionHead, read_head, write_hold
+from nodeplugin.shared_region import REGION_SIZES, RegionError, RegionHead, read_head, write_hold
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,9 @@ class PriorityMonitor:
             return None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != REGION_SIZE:
-                raise RegionError(f"not a regular file of {REGION_SIZE} bytes")
+            sizes = sorted(set(REGION_SIZES.values()))
+            if not stat.S_ISREG(st.st_mode) or st.st_size not in sizes:
+                raise RegionError(f"not a regular file of {' or '.join(map(str, sizes))} bytes")
             head = read_head(fd)
             if not head.can_hold:
                 raise RegionError(f"version {head.version}: its shim neither counts nor holds")

@@ -17,7 +17,10 @@ mapping of a file the container truncates would kill the plugin with SIGBUS.
 
 Version 2 gave names to words version 1 kept reserved (zero), at the same offsets and size, so
 a version 1 region (a container started before an upgrade) still reads: it counts no launches
-and is never asked to hold.
+and is never asked to hold.  Version 3 grew each process slot by the bytes it spilled past the
+device's resident part (virtual device memory); the header and the devices are as before, so
+the head reads the same in every version, and a version 1 or 2 region reads as one that spilled
+nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import struct
 from dataclasses import dataclass
 
 REGION_MAGIC = 0x3141524553534554  # b"TESSERA1", little-endian
-REGION_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # the same layout; 1 has no launch counts and cannot be held
+REGION_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1 and 2 share a layout (1 has no launch counts, cannot be held)
 MAX_DEVICES = 16
 MAX_PROCS = 64
 
@@ -65,7 +68,22 @@ class RegionDevice(ctypes.Structure):
 
 
 class RegionProc(ctypes.Structure):
-    """``struct tessera_region_proc`` (192 bytes)."""
+    """``struct tessera_region_proc`` (320 bytes)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("reaper", ctypes.c_uint32),
+        ("start_time", ctypes.c_uint64),
+        ("used", ctypes.c_uint64 * MAX_DEVICES),
+        ("spill_busy", ctypes.c_uint32),
+        ("spill_gen", ctypes.c_uint32),
+        ("_reserved", ctypes.c_uint8 * 40),
+        ("spilled", ctypes.c_uint64 * MAX_DEVICES),
+    ]
+
+
+class RegionProcV2(ctypes.Structure):
+    """A process slot of a version 1 or 2 region (192 bytes): no spilled counts."""
 
     _fields_ = [
         ("pid", ctypes.c_uint32),
@@ -77,7 +95,7 @@ class RegionProc(ctypes.Structure):
 
 
 class Region(ctypes.Structure):
-    """``struct tessera_region``: header, devices, process slots (12864 bytes)."""
+    """``struct tessera_region``: header, devices, process slots (21056 bytes)."""
 
     _fields_ = [
         ("hdr", RegionHeader),
@@ -86,7 +104,19 @@ class Region(ctypes.Structure):
     ]
 
 
+class RegionV2(ctypes.Structure):
+    """A version 1 or 2 region (12864 bytes)."""
+
+    _fields_ = [
+        ("hdr", RegionHeader),
+        ("dev", RegionDevice * MAX_DEVICES),
+        ("proc", RegionProcV2 * MAX_PROCS),
+    ]
+
+
 REGION_SIZE = ctypes.sizeof(Region)
+# The size of a whole region, by version.
+REGION_SIZES = {1: ctypes.sizeof(RegionV2), 2: ctypes.sizeof(RegionV2), 3: REGION_SIZE}
 # The header and the devices: all a look at launches and holds needs to read.
 HEAD_SIZE = ctypes.sizeof(RegionHeader) + MAX_DEVICES * ctypes.sizeof(RegionDevice)
 HOLD_MASK_OFFSET: int = RegionHeader.hold_mask.offset
@@ -107,6 +137,12 @@ class DeviceUsage:
     core_limit_pct: int  # 0 = no compute limit
     used_bytes: int  # sum over the process slots
     launches: int = 0  # kernel launches so far (counted only with a task priority)
+    spilled_bytes: int = 0  # of used_bytes: served as managed memory past the resident part
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the container holds on the card: used less spilled."""
+        return self.used_bytes - self.spilled_bytes
 
 
 @dataclass(frozen=True)
@@ -117,6 +153,7 @@ class ProcessUsage:
     pid: int  # in the container's pid namespace
     start_time: int  # clock ticks since boot
     used_bytes: tuple[int, ...]  # per device ordinal
+    spilled_bytes: tuple[int, ...] = (0,) * MAX_DEVICES  # per device ordinal, each <= used_bytes
 
 
 @dataclass(frozen=True)
@@ -138,9 +175,9 @@ class RegionSnapshot:
         return None
 
 
-def _check_header(data: bytes, size: int) -> RegionHeader:
-    """The header of ``data``, a whole region (``size`` bytes) or its head; RegionError when
-    it is not one this reader knows."""
+def _check_header(data: bytes, size: int | None) -> RegionHeader:
+    """The header of ``data``, a whole region (``size`` None: the size of its version) or its
+    head (``size`` HEAD_SIZE); RegionError when it is not one this reader knows."""
     if len(data) < ctypes.sizeof(RegionHeader):
         raise RegionError(f"{len(data)} bytes is too short for a region header")
     hdr = RegionHeader.from_buffer_copy(data[: ctypes.sizeof(RegionHeader)])
@@ -151,9 +188,11 @@ def _check_header(data: bytes, size: int) -> RegionHeader:
             f"region version {int(hdr.version)}, this reader knows "
             + " and ".join(str(v) for v in READABLE_VERSIONS)
         )
-    if len(data) != size or int(hdr.region_size) != REGION_SIZE:
+    whole = REGION_SIZES[int(hdr.version)]
+    want = whole if size is None else size
+    if len(data) != want or int(hdr.region_size) != whole:
         raise RegionError(
-            f"region is {len(data)} bytes (header says {int(hdr.region_size)}), want {REGION_SIZE}"
+            f"region is {len(data)} bytes (header says {int(hdr.region_size)}), want {want}"
         )
     if int(hdr.max_devices) != MAX_DEVICES or int(hdr.max_procs) != MAX_PROCS:
         raise RegionError("region was built for other device or process counts")
@@ -162,26 +201,37 @@ def _check_header(data: bytes, size: int) -> RegionHeader:
 
 def parse_region(data: bytes) -> RegionSnapshot:
     """Decode the bytes of a region file; raises RegionError when they are not one."""
-    _check_header(data, REGION_SIZE)
-    region = Region.from_buffer_copy(data)
+    hdr = _check_header(data, None)
+    region: Region | RegionV2 = (
+        Region.from_buffer_copy(data) if int(hdr.version) >= 3 else RegionV2.from_buffer_copy(data)
+    )
     hwm = min(int(region.hdr.proc_hwm), MAX_PROCS)
     processes = []
     for slot in range(hwm):
         proc = region.proc[slot]
         if int(proc.pid) == 0:
             continue
+        used_by_dev = tuple(int(v) for v in proc.used)
+        # A release under way may be seen with spilled still counted and used already not.
+        spilled_by_dev = (
+            tuple(min(int(v), u) for v, u in zip(proc.spilled, used_by_dev, strict=True))
+            if isinstance(proc, RegionProc)
+            else (0,) * MAX_DEVICES
+        )
         processes.append(
             ProcessUsage(
                 slot=slot,
                 pid=int(proc.pid),
                 start_time=int(proc.start_time),
-                used_bytes=tuple(int(v) for v in proc.used),
+                used_bytes=used_by_dev,
+                spilled_bytes=spilled_by_dev,
             )
         )
     devices = []
     for index in range(MAX_DEVICES):
         dev = region.dev[index]
         used = sum(p.used_bytes[index] for p in processes)
+        spilled = sum(p.spilled_bytes[index] for p in processes)
         limit, total, core, launches = (
             int(dev.mem_limit_bytes),
             int(dev.card_total_bytes),
@@ -197,6 +247,7 @@ def parse_region(data: bytes) -> RegionSnapshot:
                     core_limit_pct=core,
                     used_bytes=used,
                     launches=launches,
+                    spilled_bytes=spilled,
                 )
             )
     return RegionSnapshot(

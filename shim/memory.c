@@ -6,6 +6,11 @@
  * called (so a refusal never reaches the driver) and given back when the
  * driver fails; an allocation leaves the local map before the driver frees it
  * (so an address the driver hands out again cannot be confused with it).
+ *
+ * Virtual device memory: on a device whose resident part is below its limit, a plain
+ * allocation that would take the container's memory on the card past the resident part is
+ * served by cuMemAllocManaged instead (the driver may then page it out to host memory) and
+ * counted as spilled; families that cannot be made managed are refused past the resident part.
  */
 #include "shim.h"
 
@@ -25,6 +30,7 @@ struct alloc_entry {
     uint32_t dev;
     uint32_t kind;
     int32_t pool; /* drivermem.c's record of the pool it came from, -1: counted by itself */
+    uint32_t spilled; /* 1: served as managed memory past the resident part, counted as spilled */
 };
 
 /* A spinlock: the critical sections are a few loads and stores, and an uncontended
@@ -88,9 +94,13 @@ static int map_grow(void)
     return 0;
 }
 
+static void give_back(const struct alloc_entry *e);
+
 /* Returns -1 when memory for the map itself cannot be had. */
-static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev, int pool)
+static int map_put(const struct alloc_entry *in)
 {
+    uint32_t kind = in->kind;
+    uint64_t key = in->key;
     int saved = errno;
     int rc = 0;
     map_lock_acquire();
@@ -109,10 +119,8 @@ static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev, int pool
         } else if (e->kind == kind && e->key == key) {
             /* The driver handed out a key we still track: it was freed behind our back. */
             if (e->pool < 0)
-                tessera_region_release((int)e->dev, e->size);
-            e->size = size;
-            e->dev = (uint32_t)dev;
-            e->pool = pool;
+                give_back(e);
+            *e = *in;
             goto out;
         }
     }
@@ -120,7 +128,7 @@ static int map_put(uint32_t kind, uint64_t key, uint64_t size, int dev, int pool
         i = tomb;
     else
         map_used++;
-    map_slots[i] = (struct alloc_entry){key, size, (uint32_t)dev, kind, pool};
+    map_slots[i] = *in;
     map_live++;
 out:
     map_lock_release();
@@ -209,24 +217,31 @@ static bool reserve_slow(int dev, uint64_t bytes, uint64_t limit, bool admitted)
     return false;
 }
 
-/* What freeing e gives back: its own count, or its share of the pool it came from. */
+/* What freeing e gives back: its own count (and its spilled mark), or its share of the pool it came from. */
 static inline void give_back(const struct alloc_entry *e)
 {
-    if (TESSERA_LIKELY(e->pool < 0))
+    if (TESSERA_LIKELY(e->pool < 0 && !e->spilled))
         tessera_region_release((int)e->dev, e->size);
+    else if (e->pool < 0)
+        tessera_region_release_spilled((int)e->dev, e->size);
     else
         tessera_pool_freed(e->pool, e->size);
 }
 
+static inline void track_entry(const struct alloc_entry *e)
+{
+    if (map_put(e) != 0) {
+        /* Cannot remember it, so cannot uncount it later: uncount now rather than leak the limit. */
+        give_back(e);
+        TLOG(TLOG_WARN, "out of host memory for bookkeeping; an allocation of %llu bytes is not counted",
+             (unsigned long long)e->size);
+    }
+}
+
 static inline void track_in(uint32_t kind, uint64_t key, uint64_t bytes, int dev, int pool)
 {
-    if (map_put(kind, key, bytes, dev, pool) != 0) {
-        /* Cannot remember it, so cannot uncount it later: uncount now rather than leak the limit. */
-        struct alloc_entry e = {key, bytes, (uint32_t)dev, kind, pool};
-        give_back(&e);
-        TLOG(TLOG_WARN, "out of host memory for bookkeeping; an allocation of %llu bytes is not counted",
-             (unsigned long long)bytes);
-    }
+    struct alloc_entry e = {key, bytes, (uint32_t)dev, kind, pool, 0};
+    track_entry(&e);
 }
 
 static inline void track(uint32_t kind, uint64_t key, uint64_t bytes, int dev)
@@ -237,7 +252,45 @@ static inline void track(uint32_t kind, uint64_t key, uint64_t bytes, int dev)
 /* Give an entry back to the map when the driver refused to free it. */
 static inline void retrack(const struct alloc_entry *e)
 {
-    (void)map_put(e->kind, e->key, e->size, (int)e->dev, e->pool);
+    (void)map_put(e);
+}
+
+/* ------------------------------------------------- virtual device memory */
+
+/* After bytes were reserved on oversubscribed dev: when the container's memory on the card now
+ * passes the resident part, mark them spilled (to be served managed) and say so. */
+static bool spill_if_past_resident(int dev, uint64_t bytes)
+{
+    if (tessera_region_resident(dev) <= __atomic_load_n(&tessera_cfg.mem_resident[dev], __ATOMIC_RELAXED))
+        return false;
+    tessera_region_spill(dev, bytes);
+    return true;
+}
+
+/* Undo a reservation of bytes, spilled or not, when the driver did not make the allocation. */
+static void unreserve(int dev, uint64_t bytes, bool spilled)
+{
+    if (spilled)
+        tessera_region_release_spilled(dev, bytes);
+    else
+        tessera_region_release(dev, bytes);
+}
+
+/* Room for bytes that must stay on the card (pools, virtual memory, arrays): within the limit,
+ * and on an oversubscribed device within the resident part too. */
+static bool reserve_on_card(int dev, uint64_t bytes)
+{
+    if (!reserve(dev, bytes))
+        return false;
+    if (TESSERA_LIKELY(!tessera_oversubscribed(dev)))
+        return true;
+    uint64_t resident = __atomic_load_n(&tessera_cfg.mem_resident[dev], __ATOMIC_RELAXED);
+    if (tessera_region_resident(dev) <= resident)
+        return true;
+    tessera_region_release(dev, bytes);
+    TLOG(TLOG_INFO, "refused %llu bytes on device %d: this kind of allocation cannot spill to host memory and "
+         "the resident part, %llu bytes, is in use", (unsigned long long)bytes, dev, (unsigned long long)resident);
+    return false;
 }
 
 #define OFF_OR_UNLIMITED(dev) (!tessera_mem_on || tessera_mem_limit(dev) == 0)
@@ -255,12 +308,14 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return real(dptr, bytesize);
     if (!reserve(dev, bytesize))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real(dptr, bytesize);
+    bool spilled = tessera_oversubscribed(dev) && spill_if_past_resident(dev, bytesize);
+    CUresult r = spilled ? REAL(cuMemAllocManaged)(dptr, bytesize, CU_MEM_ATTACH_GLOBAL) : real(dptr, bytesize);
     if (r != CUDA_SUCCESS || dptr == NULL) {
-        tessera_region_release(dev, bytesize);
+        unreserve(dev, bytesize, spilled);
         return r;
     }
-    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);
+    struct alloc_entry e = {(uint64_t)*dptr, bytesize, (uint32_t)dev, KIND_PTR, -1, spilled};
+    track_entry(&e);
     return r;
 }
 
@@ -270,18 +325,52 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
     tessera_ensure_init();
     if (TESSERA_LIKELY(!tessera_mem_on))
         return real(dptr, bytesize, flags);
-    /* Counted in full on the current device: pages may all migrate there. */
+    /* Counted in full on the current device: pages may all migrate there.  Past the resident
+     * part of an oversubscribed device it is spilled, as a redirected allocation is. */
     int dev = tessera_current_device();
     if (tessera_mem_limit(dev) == 0)
         return real(dptr, bytesize, flags);
     if (!reserve(dev, bytesize))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    bool spilled = tessera_oversubscribed(dev) && spill_if_past_resident(dev, bytesize);
     CUresult r = real(dptr, bytesize, flags);
     if (r != CUDA_SUCCESS || dptr == NULL) {
-        tessera_region_release(dev, bytesize);
+        unreserve(dev, bytesize, spilled);
         return r;
     }
-    track(KIND_PTR, (uint64_t)*dptr, bytesize, dev);
+    struct alloc_entry e = {(uint64_t)*dptr, bytesize, (uint32_t)dev, KIND_PTR, -1, spilled};
+    track_entry(&e);
+    return r;
+}
+
+/*
+ * A pitched allocation past the resident part, served as managed memory: the shim picks the pitch
+ * (the width rounded up to PITCH_ALIGN, which suits every element size cuMemAllocPitch takes and
+ * cuMemcpy2D's alignment rules), reserves what that adds to the est already reserved, and asks
+ * the driver's own question of the arguments first.
+ */
+#define PITCH_ALIGN 512u
+static CUresult pitch_managed(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height, unsigned elem, int dev,
+                              uint64_t est)
+{
+    if (dptr == NULL || pPitch == NULL || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16)) {
+        tessera_region_release(dev, est);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t pitch = ((uint64_t)width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN, bytes;
+    if (__builtin_mul_overflow(pitch, (uint64_t)height, &bytes) || (bytes > est && !reserve(dev, bytes - est))) {
+        tessera_region_release(dev, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    tessera_region_spill(dev, bytes);
+    CUresult r = REAL(cuMemAllocManaged)(dptr, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) {
+        tessera_region_release_spilled(dev, bytes);
+        return r;
+    }
+    *pPitch = (size_t)pitch;
+    struct alloc_entry e = {(uint64_t)*dptr, bytes, (uint32_t)dev, KIND_PTR, -1, 1};
+    track_entry(&e);
     return r;
 }
 
@@ -301,6 +390,9 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (!reserve(dev, est))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    if (tessera_oversubscribed(dev) &&
+        tessera_region_resident(dev) > __atomic_load_n(&tessera_cfg.mem_resident[dev], __ATOMIC_RELAXED))
+        return pitch_managed(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, dev, est);
     CUresult r = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r != CUDA_SUCCESS || dptr == NULL || pPitch == NULL) {
         tessera_region_release(dev, est);
@@ -353,13 +445,13 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         return realfn(__VA_ARGS__);                                       \
     uint64_t need = bytesize;                                             \
     int pi = tessera_pool_need(dev, (pool), bytesize, &need);             \
-    if (need != 0 && !reserve(dev, need)) /* from the cache: costs nothing */ \
+    if (need != 0 && !reserve_on_card(dev, need)) /* from the cache: costs nothing */ \
         return CUDA_ERROR_OUT_OF_MEMORY;                                  \
     if (pi >= 0)                                                          \
         tessera_pool_admitted(pi, bytesize, need);                        \
     CUresult r = realfn(__VA_ARGS__);                                     \
     if (r != CUDA_SUCCESS || dptr == NULL) {                              \
-        struct alloc_entry undo = {0, pi >= 0 ? bytesize : need, (uint32_t)dev, KIND_PTR, pi}; \
+        struct alloc_entry undo = {0, pi >= 0 ? bytesize : need, (uint32_t)dev, KIND_PTR, pi, 0}; \
         give_back(&undo);                                                 \
         return r;                                                         \
     }                                                                     \
@@ -432,7 +524,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     int dev = prop->location.id;
     if (tessera_mem_limit(dev) == 0)
         return real(handle, size, prop, flags);
-    if (!reserve(dev, size))
+    if (!reserve_on_card(dev, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real(handle, size, prop, flags);
     if (r != CUDA_SUCCESS || handle == NULL) {
@@ -503,7 +595,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUa
     if (tessera_mem_limit(dev) == 0)                                      \
         return realfn(__VA_ARGS__);                                       \
     uint64_t need = (bytes);                                              \
-    if (!reserve(dev, need))                                              \
+    if (!reserve_on_card(dev, need))                                      \
         return CUDA_ERROR_OUT_OF_MEMORY;                                  \
     CUresult r = realfn(__VA_ARGS__);                                     \
     if (r != CUDA_SUCCESS) {                                              \
@@ -570,13 +662,16 @@ CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 /* --------------------------------------------------------------- reporting */
 
-/* total = min(limit, card); free = min(total - used, card free), never negative. */
-static void clamp_report(uint64_t limit, uint64_t used, uint64_t card_total, uint64_t card_free,
+/* total = min(limit, card); free = min(total - used, card free), never negative.  An
+ * oversubscribed device: total = the limit, which may pass the card (what does not fit spills to
+ * host memory), and free = total - used, never negative. */
+static void clamp_report(int dev, uint64_t limit, uint64_t used, uint64_t card_total, uint64_t card_free,
                          uint64_t *total_out, uint64_t *free_out)
 {
-    uint64_t total = limit < card_total ? limit : card_total;
+    bool over = tessera_oversubscribed(dev);
+    uint64_t total = limit < card_total || over ? limit : card_total;
     uint64_t free = used < total ? total - used : 0;
-    if (free > card_free)
+    if (free > card_free && !over)
         free = card_free;
     *total_out = total;
     *free_out = free;
@@ -597,7 +692,7 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
     tessera_region_reap_if_due();
     tessera_drivermem_sample(dev);
     tessera_drivermem_refresh(dev, REPORT_REFRESH_NS, 0);
-    clamp_report(limit, tessera_region_used(dev), *total, *free, &t, &f);
+    clamp_report(dev, limit, tessera_region_used(dev), *total, *free, &t, &f);
     *total = (size_t)t;
     *free = (size_t)f;
     return r;
@@ -611,7 +706,7 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (TESSERA_LIKELY(!tessera_mem_on) || r != CUDA_SUCCESS || bytes == NULL)
         return r;
     uint64_t limit = tessera_mem_limit((int)dev);
-    if (limit != 0 && limit < *bytes)
+    if (limit != 0 && (limit < *bytes || tessera_oversubscribed((int)dev)))
         *bytes = (size_t)limit;
     return r;
 }
@@ -627,7 +722,7 @@ static bool nvml_slice(nvmlDevice_t device, uint64_t total, uint64_t *t, uint64_
     tessera_region_reap_if_due();
     tessera_drivermem_sample(dev);
     tessera_drivermem_refresh(dev, REPORT_REFRESH_NS, 0);
-    clamp_report(limit, tessera_region_used(dev), total, UINT64_MAX, t, f);
+    clamp_report(dev, limit, tessera_region_used(dev), total, UINT64_MAX, t, f);
     return true;
 }
 

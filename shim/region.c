@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -170,6 +171,19 @@ static int read_proc_stat(uint32_t pid, uint64_t *start, char *state)
     return 0;
 }
 
+/* A slot's counts as a process that holds nothing has them: spilled first, so that no reader
+ * sees more spilled than used.  A release its owner died in the middle of ends here too, so
+ * readers stop waiting for it. */
+static void zero_counts(struct tessera_region_proc *p)
+{
+    for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++) {
+        __atomic_store_n(&p->spilled[d], 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&p->used[d], 0, __ATOMIC_RELEASE);
+    }
+    __atomic_add_fetch(&p->spill_gen, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&p->spill_busy, 0, __ATOMIC_SEQ_CST);
+}
+
 static bool process_alive(uint32_t pid, uint64_t start_time)
 {
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
@@ -205,8 +219,7 @@ int tessera_region_reap(void)
         if (!__atomic_compare_exchange_n(&p->reaper, &reaper, my_pid, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;
         if (__atomic_load_n(&p->pid, __ATOMIC_ACQUIRE) == pid) {
-            for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++)
-                __atomic_store_n(&p->used[d], 0, __ATOMIC_RELEASE);
+            zero_counts(p);
             __atomic_store_n(&p->start_time, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&p->pid, 0, __ATOMIC_RELEASE);
             reaped++;
@@ -254,8 +267,7 @@ static struct tessera_region_proc *claim_slot(void)
             if (__atomic_load_n(&p->pid, __ATOMIC_ACQUIRE) != my_pid ||
                 __atomic_load_n(&p->start_time, __ATOMIC_ACQUIRE) != start)
                 continue;
-            for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++)
-                __atomic_store_n(&p->used[d], 0, __ATOMIC_RELEASE);
+            zero_counts(p);
             slot = p;
         }
     }
@@ -268,8 +280,7 @@ static struct tessera_region_proc *claim_slot(void)
                                              __ATOMIC_RELAXED))
                 continue;
             __atomic_store_n(&p->start_time, start, __ATOMIC_RELEASE);
-            for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++)
-                __atomic_store_n(&p->used[d], 0, __ATOMIC_RELEASE);
+            zero_counts(p);
             uint32_t hwm = __atomic_load_n(&region->hdr.proc_hwm, __ATOMIC_ACQUIRE);
             while (hwm < i + 1 &&
                    !__atomic_compare_exchange_n(&region->hdr.proc_hwm, &hwm, i + 1, false, __ATOMIC_ACQ_REL,
@@ -291,11 +302,16 @@ out:
     return slot;
 }
 
-static uint64_t sum_used(unsigned dev)
+/* Slots [0, this) may be in use. */
+static uint32_t slots_in_use(void)
 {
     uint32_t hwm = __atomic_load_n(&region->hdr.proc_hwm, __ATOMIC_ACQUIRE);
-    if (hwm > TESSERA_MAX_PROCS)
-        hwm = TESSERA_MAX_PROCS;
+    return hwm > TESSERA_MAX_PROCS ? TESSERA_MAX_PROCS : hwm;
+}
+
+static uint64_t sum_used(unsigned dev)
+{
+    uint32_t hwm = slots_in_use();
     uint64_t total = 0;
     for (uint32_t i = 0; i < hwm; i++) {
         uint64_t v = __atomic_load_n(&region->proc[i].used[dev], __ATOMIC_SEQ_CST);
@@ -359,6 +375,77 @@ uint64_t tessera_region_used(int dev)
     return sum_used((unsigned)dev);
 }
 
+/*
+ * Spilled bytes are a part of used ones.  A spill is marked after its reservation, so a reader
+ * that loads spilled before used never sees it off the card before it is counted at all.  A
+ * release takes both back, spilled first, inside spill_busy / spill_gen, so a reader can tell
+ * a pair it read across one and read again.
+ */
+void tessera_region_spill(int dev, uint64_t bytes)
+{
+    struct tessera_region_proc *slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot == NULL || (unsigned)dev >= TESSERA_MAX_DEVICES)
+        return;
+    __atomic_add_fetch(&slot->spilled[dev], bytes, __ATOMIC_SEQ_CST);
+}
+
+void tessera_region_release_spilled(int dev, uint64_t bytes)
+{
+    struct tessera_region_proc *slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot == NULL || (unsigned)dev >= TESSERA_MAX_DEVICES)
+        return;
+    __atomic_add_fetch(&slot->spill_busy, 1, __ATOMIC_SEQ_CST);
+    uint64_t old = __atomic_fetch_sub(&slot->spilled[dev], bytes, __ATOMIC_SEQ_CST);
+    if (TESSERA_UNLIKELY(old < bytes))
+        __atomic_fetch_add(&slot->spilled[dev], bytes - old, __ATOMIC_SEQ_CST);
+    tessera_region_release(dev, bytes);
+    __atomic_add_fetch(&slot->spill_gen, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&slot->spill_busy, 1, __ATOMIC_SEQ_CST);
+}
+
+uint64_t tessera_region_spilled(int dev)
+{
+    if ((unsigned)dev >= TESSERA_MAX_DEVICES)
+        return 0;
+    uint32_t hwm = slots_in_use();
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < hwm; i++)
+        total += __atomic_load_n(&region->proc[i].spilled[dev], __ATOMIC_SEQ_CST);
+    return total;
+}
+
+/* One slot's used less spilled, from a pair no release tore; after a few tries, used in full
+ * (more than it holds on the card, never less: a resident budget may refuse, never overrun). */
+static uint64_t slot_resident(const struct tessera_region_proc *p, unsigned dev)
+{
+    uint64_t used = 0;
+    for (int tries = 0; tries < 8; tries++) {
+        uint32_t gen = __atomic_load_n(&p->spill_gen, __ATOMIC_SEQ_CST);
+        bool quiet = __atomic_load_n(&p->spill_busy, __ATOMIC_SEQ_CST) == 0;
+        uint64_t spilled = __atomic_load_n(&p->spilled[dev], __ATOMIC_SEQ_CST);
+        used = __atomic_load_n(&p->used[dev], __ATOMIC_SEQ_CST);
+        if (quiet && __atomic_load_n(&p->spill_busy, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&p->spill_gen, __ATOMIC_SEQ_CST) == gen)
+            return used > spilled ? used - spilled : 0;
+        sched_yield();
+    }
+    return used;
+}
+
+/* What the container holds on the card: used less spilled, summed over the slots. */
+uint64_t tessera_region_resident(int dev)
+{
+    if ((unsigned)dev >= TESSERA_MAX_DEVICES)
+        return 0;
+    uint32_t hwm = slots_in_use();
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < hwm; i++) {
+        uint64_t add = slot_resident(&region->proc[i], (unsigned)dev);
+        total = total + add < total ? UINT64_MAX : total + add;
+    }
+    return total;
+}
+
 void tessera_region_publish_device(int dev, uint64_t limit, uint64_t card_total, uint32_t core_pct)
 {
     if ((unsigned)dev >= TESSERA_MAX_DEVICES)
@@ -383,8 +470,7 @@ void tessera_region_at_exit(void)
     struct tessera_region_proc *slot = __atomic_exchange_n(&my_slot, NULL, __ATOMIC_ACQ_REL);
     if (slot == NULL)
         return;
-    for (unsigned d = 0; d < TESSERA_MAX_DEVICES; d++)
-        __atomic_store_n(&slot->used[d], 0, __ATOMIC_RELEASE);
+    zero_counts(slot);
     __atomic_store_n(&slot->start_time, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&slot->pid, 0, __ATOMIC_RELEASE);
 }

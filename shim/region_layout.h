@@ -21,7 +21,7 @@
 
 /* "TESSERA1" read as a little-endian uint64_t */
 #define TESSERA_REGION_MAGIC   0x3141524553534554ULL
-#define TESSERA_REGION_VERSION 2u
+#define TESSERA_REGION_VERSION 3u
 #define TESSERA_MAX_DEVICES    16u
 #define TESSERA_MAX_PROCS      64u
 
@@ -49,25 +49,31 @@ struct tessera_region_device {
     uint64_t launches;          /* kernel launches, counted only with a task priority (atomic) */
 };
 
-/* 192 bytes (three cache lines) per process slot */
+/* 320 bytes (five cache lines) per process slot */
 struct tessera_region_proc {
     uint32_t pid;          /* owner pid in the container's pid namespace, 0 = free (atomic) */
     uint32_t reaper;       /* pid of a process reclaiming this slot, 0 = none (atomic) */
     uint64_t start_time;   /* owner start time, clock ticks since boot (/proc/<pid>/stat field 22) */
     uint64_t used[TESSERA_MAX_DEVICES]; /* bytes charged on each device: allocations, pools, graphs,
                                            the driver's own memory (atomic) */
-    uint8_t  _reserved[48];
+    uint32_t spill_busy;   /* releases of spilled memory under way in this process (atomic) */
+    uint32_t spill_gen;    /* releases of spilled memory done, wrapping (atomic): with spill_busy, lets a
+                              reader of used and spilled see a pair no release tore apart */
+    uint8_t  _reserved[40];
+    uint64_t spilled[TESSERA_MAX_DEVICES]; /* of used: bytes served as managed memory past the device's
+                                              resident part, which the driver may keep in host
+                                              memory; used - spilled is held on the card (atomic) */
 };
 
 struct tessera_region {
     struct tessera_region_header hdr;                     /* offset 0 */
     struct tessera_region_device dev[TESSERA_MAX_DEVICES]; /* offset 64 */
     struct tessera_region_proc proc[TESSERA_MAX_PROCS];    /* offset 576 */
-};                                                          /* size 12864 */
+};                                                          /* size 21056 */
 
 _Static_assert(sizeof(struct tessera_region_header) == 64, "header size");
 _Static_assert(sizeof(struct tessera_region_device) == 32, "device size");
-_Static_assert(sizeof(struct tessera_region_proc) == 192, "proc size");
-_Static_assert(sizeof(struct tessera_region) == 12864, "region size");
+_Static_assert(sizeof(struct tessera_region_proc) == 320, "proc size");
+_Static_assert(sizeof(struct tessera_region) == 21056, "region size");
 
 #endif

@@ -22,6 +22,7 @@ int tessera_log_level = TLOG_WARN;
 struct tessera_settings tessera_cfg;
 int tessera_mem_on;
 uint32_t tessera_core_mask;
+uint32_t tessera_oversub_mask;
 int tessera_task_priority = -1;
 int tessera_launch_on;
 int tessera_init_done;
@@ -419,6 +420,38 @@ static void read_log_level(void)
 /* Memory limits above 2^44 MiB (16 EiB) cannot be represented in bytes. */
 #define MAX_LIMIT_MIB (UINT64_MAX >> 20)
 
+/*
+ * TESSERA_DEVICE_MEMORY_RESIDENT_<i>: the part of device i's slice held on the card (MiB).  Below
+ * the limit it makes the device oversubscribed.  A bad value is a Tessera bug (the node plugin is
+ * the only writer and refuses such records): said, and the device is not oversubscribed, the
+ * slice held to its limit as without the setting.
+ */
+static void read_resident(void)
+{
+    char key[64];
+    for (unsigned i = 0; i < TESSERA_MAX_DEVICES; i++) {
+        uint64_t v, limit = tessera_cfg.mem_limit[i];
+        tessera_cfg.mem_resident[i] = limit;
+        snprintf(key, sizeof key, "TESSERA_DEVICE_MEMORY_RESIDENT_%u", i);
+        const char *s = setting(key);
+        if (s == NULL)
+            continue;
+        if (limit == 0) {
+            TLOG(TLOG_WARN, "%s is set but device %u has no memory limit; ignored", key, i);
+            continue;
+        }
+        if (parse_u64(s, &v) != 0 || v == 0 || v > (limit >> 20)) {
+            TLOG(TLOG_ERROR, "%s='%s' is not a whole number of MiB from 1 to the limit (%llu); device %u is "
+                 "NOT oversubscribed, its slice is held on the card in full", key, s,
+                 (unsigned long long)(limit >> 20), i);
+            continue;
+        }
+        tessera_cfg.mem_resident[i] = v << 20;
+        if (tessera_cfg.mem_resident[i] < limit)
+            tessera_oversub_mask |= 1u << i;
+    }
+}
+
 static void read_limits(void)
 {
     char key[64];
@@ -442,11 +475,14 @@ static void read_limits(void)
                 tessera_cfg.core_limit[i] = (uint32_t)v; /* 0 and 100 = the whole card */
         }
     }
+    read_resident();
     extern char **environ;
     for (char **e = environ; e != NULL && *e != NULL; e++) {
         const char *rest = NULL;
         if (strncmp(*e, "TESSERA_DEVICE_MEMORY_LIMIT_", 28) == 0)
             rest = *e + 28;
+        else if (strncmp(*e, "TESSERA_DEVICE_MEMORY_RESIDENT_", 31) == 0)
+            rest = *e + 31;
         else if (strncmp(*e, "TESSERA_DEVICE_CORE_LIMIT_", 26) == 0)
             rest = *e + 26;
         if (rest != NULL && (atoi(rest) >= (int)TESSERA_MAX_DEVICES || !isdigit((unsigned char)*rest)))
@@ -509,8 +545,8 @@ static void init_once(void)
         pthread_atfork(NULL, NULL, atfork_child);
     }
     tessera_launch_on = tessera_core_mask != 0 || tessera_task_priority >= 0;
-    TLOG(TLOG_INFO, "loaded: memory limits %s, compute mask 0x%x, task priority %d, region %s",
-         tessera_mem_on ? "on" : "off", tessera_core_mask, tessera_task_priority,
+    TLOG(TLOG_INFO, "loaded: memory limits %s, oversubscribed mask 0x%x, compute mask 0x%x, task priority %d, "
+         "region %s", tessera_mem_on ? "on" : "off", tessera_oversub_mask, tessera_core_mask, tessera_task_priority,
          tessera_region_shared() ? "shared" : "process-local");
     __atomic_store_n(&tessera_init_done, 1, __ATOMIC_RELEASE);
     errno = saved;
@@ -538,6 +574,32 @@ __attribute__((destructor)) static void tessera_destructor(void)
 
 static pthread_once_t cards_control = PTHREAD_ONCE_INIT;
 
+/*
+ * An oversubscribed device's limit may pass the card (the excess lives in host memory); its
+ * resident part may not.  Spilling needs a device that pages managed memory on demand
+ * (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS); without it the slice is held to its resident
+ * part: refused past it as without oversubscription, and reported as that, so every figure agrees.
+ */
+static void check_oversubscribed(int i, CUdevice d, uint64_t card)
+{
+    uint64_t resident = tessera_cfg.mem_resident[i];
+    int concurrent = 0;
+    if (REAL(cuDeviceGetAttribute)(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, d) != CUDA_SUCCESS)
+        concurrent = 0;
+    if (resident > card) {
+        TLOG(TLOG_ERROR, "TESSERA_DEVICE_MEMORY_RESIDENT_%d=%llu MiB exceeds the card's %llu MiB; using the "
+             "card's size", i, (unsigned long long)(resident >> 20), (unsigned long long)(card >> 20));
+        resident = card;
+        __atomic_store_n(&tessera_cfg.mem_resident[i], resident, __ATOMIC_RELAXED);
+    }
+    if (!concurrent) {
+        TLOG(TLOG_WARN, "device %d has no concurrent managed access, so its slice cannot spill to host memory; "
+             "it is held to its resident part, %llu MiB", i, (unsigned long long)(resident >> 20));
+        __atomic_store_n(&tessera_cfg.mem_limit[i], resident, __ATOMIC_RELAXED);
+        __atomic_and_fetch(&tessera_oversub_mask, ~(1u << i), __ATOMIC_RELAXED);
+    }
+}
+
 /* Now that the driver is up, hold each limit to the card it is on. */
 static void check_cards(void)
 {
@@ -557,11 +619,14 @@ static void check_cards(void)
         size_t total = 0;
         if (REAL(cuDeviceGet)(&d, i) != CUDA_SUCCESS || REAL(cuDeviceTotalMem_v2)(&total, d) != CUDA_SUCCESS)
             continue;
-        if (limit > total) {
+        if (tessera_oversubscribed(i))
+            check_oversubscribed(i, d, total);
+        else if (limit > total) {
             TLOG(TLOG_ERROR, "TESSERA_DEVICE_MEMORY_LIMIT_%d=%llu MiB exceeds the card's %llu MiB; "
                  "using the card's size", i, (unsigned long long)(limit >> 20),
                  (unsigned long long)(total >> 20));
             __atomic_store_n(&tessera_cfg.mem_limit[i], (uint64_t)total, __ATOMIC_RELAXED);
+            __atomic_store_n(&tessera_cfg.mem_resident[i], (uint64_t)total, __ATOMIC_RELAXED);
         }
         tessera_region_publish_device(i, tessera_cfg.mem_limit[i], total, tessera_cfg.core_limit[i]);
     }

@@ -60,11 +60,16 @@ void tessera_log(int level, const char *fmt, ...) __attribute__((format(printf, 
 
 struct tessera_settings {
     uint64_t mem_limit[TESSERA_MAX_DEVICES];  /* bytes, 0 = none */
+    uint64_t mem_resident[TESSERA_MAX_DEVICES]; /* bytes held on the card, below mem_limit when the device
+                                                   is oversubscribed; else equal to it (or 0) */
     uint32_t core_limit[TESSERA_MAX_DEVICES]; /* percent, 0 = none */
 };
 extern struct tessera_settings tessera_cfg;
 /* Non-zero once any memory limit is set: the only thing memory hooks test when off. */
 extern int tessera_mem_on;
+/* Bit i set = device i is oversubscribed: plain allocations past its resident part are served as
+ * managed memory.  Cleared at cuInit for a device without concurrent managed access. */
+extern uint32_t tessera_oversub_mask;
 /* Bit i set = device i has a compute limit. */
 extern uint32_t tessera_core_mask;
 /* TESSERA_TASK_PRIORITY (0 = high, 1 = low), -1 = none: the container takes no part in priorities. */
@@ -94,6 +99,12 @@ bool tessera_region_reserve(int dev, uint64_t bytes, uint64_t limit, uint64_t *t
 void tessera_region_charge(int dev, uint64_t bytes);
 void tessera_region_release(int dev, uint64_t bytes);
 uint64_t tessera_region_own_used(int dev);
+/* Virtual device memory: mark reserved bytes as spilled (served managed past the resident
+ * part); release spilled bytes from both counts; the container's spilled and resident sums. */
+void tessera_region_spill(int dev, uint64_t bytes);
+void tessera_region_release_spilled(int dev, uint64_t bytes);
+uint64_t tessera_region_spilled(int dev);
+uint64_t tessera_region_resident(int dev);
 uint64_t tessera_region_used(int dev);
 void tessera_region_publish_device(int dev, uint64_t limit, uint64_t card_total, uint32_t core_pct);
 int tessera_region_reap(void);
@@ -105,6 +116,10 @@ void tessera_region_at_exit(void);
 void tessera_memory_after_fork_child(void);
 /* Effective limit for dev (bytes), 0 = none.  Clamped to the card once known. */
 uint64_t tessera_mem_limit(int dev);
+static inline bool tessera_oversubscribed(int dev)
+{
+    return TESSERA_UNLIKELY((__atomic_load_n(&tessera_oversub_mask, __ATOMIC_RELAXED) >> (dev & 31)) & 1u);
+}
 int tessera_current_device(void);
 
 /* ---- which NVML device is which CUDA device (devmap.c) ---- */

@@ -2,14 +2,18 @@
  * What a GPU container sees, printed as one JSON line on stdout, then (with --sleep) it waits
  * for SIGTERM so the pod stays Running.
  *
- *   gpu-probe --inside=MIB --beyond=MIB [--card-mib=MIB] [--sleep]
+ *   gpu-probe --inside=MIB --beyond=MIB [--spill=MIB] [--card-mib=MIB] [--sleep]
  *
  * It reports the environment the node plugin's CDI spec gave it, the /dev/nvidia* nodes in
  * the container, /etc/ld.so.preload and whether libtessera.so is mapped into this process,
  * then opens libcuda.so.1 the way the CUDA runtime does (dlopen + dlsym, so the preloaded shim
  * interposes), makes device 0's primary context current and tries two allocations on it: one
  * of --inside MiB, which a slice of more than that must allow, and one of --beyond MiB, which a
- * smaller slice must refuse with CUDA_ERROR_OUT_OF_MEMORY (2).
+ * smaller slice must refuse with CUDA_ERROR_OUT_OF_MEMORY (2).  With --spill, a third of that
+ * many MiB while the first is still held: on an oversubscribed slice (virtual device memory)
+ * one that takes the container past its resident part, which the shim serves as managed memory.
+ * For the first and the third it says which driver call served them ("alloc": cuMemAlloc_v2,
+ * "managed": cuMemAllocManaged), as the fake driver records it.
  *
  * The image's libcuda.so.1 is the project's fake driver (shim/tests/fake/fake_cuda.c), which
  * has no hardware to look at: the probe tells it which cards the container was given (the
@@ -123,11 +127,32 @@ typedef CUresult (*current_fn)(CUcontext);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*info_fn)(size_t *, size_t *);
+typedef int (*via_fn)(unsigned long long);
+
+/* The driver call that served ptr, as the fake driver records it (its enum fake_via). */
+static const char *served_by(via_fn via, CUresult rc, CUdeviceptr ptr)
+{
+    static const char *const names[] = {"none", "alloc", "managed", "pitch", "other"};
+    if (via == NULL || rc != CUDA_SUCCESS)
+        return NULL;
+    int v = via((unsigned long long)ptr);
+    return v >= 0 && v <= 4 ? names[v] : "unknown";
+}
+
+static void print_served(const char *key, const char *name)
+{
+    printf(",\"%s\":", key);
+    if (name == NULL)
+        printf("null");
+    else
+        json_string(name);
+}
 
 int main(int argc, char **argv)
 {
     long inside = arg_mib(argc, argv, "--inside", 0);
     long beyond = arg_mib(argc, argv, "--beyond", 0);
+    long spill = arg_mib(argc, argv, "--spill", 0);
     long card = arg_mib(argc, argv, "--card-mib", 81920);
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
     int cards = 0;
@@ -186,6 +211,7 @@ int main(int argc, char **argv)
     alloc_fn cu_alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
     free_fn cu_free = (free_fn)dlsym(cuda, "cuMemFree_v2");
     info_fn cu_info = (info_fn)dlsym(cuda, "cuMemGetInfo_v2");
+    via_fn via = (via_fn)dlsym(cuda, "fake_cuda_alloc_via"); /* the fake's own, never hooked */
     if (!cu_init || !cu_count || !cu_get || !cu_retain || !cu_current || !cu_alloc || !cu_free || !cu_info) {
         printf(",\"error\":\"libcuda.so.1 lacks a driver entry point\"}\n");
         return 1;
@@ -202,16 +228,26 @@ int main(int argc, char **argv)
     if (ctx_rc == CUDA_SUCCESS)
         ctx_rc = cu_current(ctx);
     cu_info(&free_b, &total_b);
-    CUdeviceptr a = 0, b = 0;
+    CUdeviceptr a = 0, b = 0, c = 0;
     CUresult in_rc = cu_alloc(&a, (size_t)inside << 20);
     CUresult out_rc = cu_alloc(&b, (size_t)beyond << 20);
+    CUresult spill_rc = spill > 0 ? cu_alloc(&c, (size_t)spill << 20) : CUDA_ERROR_INVALID_VALUE;
+    const char *in_via = served_by(via, in_rc, a), *spill_via = served_by(via, spill_rc, c);
     if (in_rc == CUDA_SUCCESS)
         cu_free(a);
     if (out_rc == CUDA_SUCCESS)
         cu_free(b);
+    if (spill > 0 && spill_rc == CUDA_SUCCESS)
+        cu_free(c);
     printf(",\"cuInit\":%d,\"device_count\":%d,\"context\":%d,\"total_mib\":%zu,"
-           "\"inside_mib\":%ld,\"inside\":%d,\"beyond_mib\":%ld,\"beyond\":%d}\n",
+           "\"inside_mib\":%ld,\"inside\":%d,\"beyond_mib\":%ld,\"beyond\":%d",
            (int)init, count, (int)ctx_rc, total_b >> 20, inside, (int)in_rc, beyond, (int)out_rc);
+    print_served("inside_via", in_via);
+    if (spill > 0) {
+        printf(",\"spill_mib\":%ld,\"spill\":%d", spill, (int)spill_rc);
+        print_served("spill_via", spill_via);
+    }
+    printf("}\n");
     fflush(stdout);
     if (has_flag(argc, argv, "--sleep")) {
         sigset_t set;

@@ -41,6 +41,9 @@ from typing import Any
 MiB = 1 << 20
 SHIM_DIR = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("worker.py")
+sys.path.insert(0, str(SHIM_DIR.parent))  # the node plugin's region reader, from this checkout
+
+from nodeplugin import shared_region  # noqa: E402 - standard library only
 
 # The shim's stated tolerance (shim/README.md, "What the card counts"): as NVML counts it, a
 # container stays within its limit plus this.
@@ -65,6 +68,14 @@ ALLOCATOR_ENV = (
     "PYTORCH_NO_CUDA_MEMORY_CACHING",
     "CUPY_GPU_MEMORY_LIMIT",
 )
+# Virtual device memory: an opted-in slice on a card with this factor (resident part = slice /
+# factor), allocated and touched in blocks of this size through PyTorch.
+OVERSUB_FACTOR = 1.5
+OVERSUB_BLOCK_MIB = 256
+# What a process's context and the driver's own memory take on today's cards, at most: the
+# sizes of the oversubscription section leave this much per process (an allowance, not a figure
+# the kit measures).
+CONTEXT_ALLOWANCE_MIB = 1024
 NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
 NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 
@@ -221,6 +232,65 @@ def mig_verdict(mode: tuple[int, int] | None, root: bool, minors: bool) -> tuple
     return PASS, state, reason
 
 
+@dataclass(frozen=True)
+class OversubPlan:
+    """The sizes of the oversubscription section on a card with `card_free_mib` MiB free.  A
+    process outside Tessera (the ballast) holds what the two resident parts do not need, so the
+    card fills and the opted-in slice's managed part has to go to host memory."""
+
+    resident_mib: int  # the opted-in slice's resident part
+    slice_mib: int  # its slice: the resident part times the factor, rounded up
+    touch_mib: int  # what it allocates and touches: its slice less a context, in whole blocks
+    neighbour_mib: int  # the neighbour's slice (no opt-in)
+    neighbour_alloc_mib: int  # what the neighbour allocates: its slice less a context
+    ballast_mib: int
+
+
+def oversub_plan(
+    card_free_mib: int,
+    resident_mib: int,
+    neighbour_mib: int,
+    factor: float = OVERSUB_FACTOR,
+    block_mib: int = OVERSUB_BLOCK_MIB,
+) -> OversubPlan:
+    """The section's sizes; ValueError saying why when the card or the settings cannot show it:
+    the touched part must pass the resident part (else nothing spills), the same work must fit
+    in the card beside the ballast (the slice that fits, for the slowdown), and the ballast
+    must be a real allocation."""
+    slice_mib = -(-resident_mib * round(factor * 100) // 100)
+    touch = (slice_mib - CONTEXT_ALLOWANCE_MIB) // block_mib * block_mib
+    if touch <= resident_mib:
+        raise ValueError(
+            f"a {slice_mib} MiB slice touches {touch} MiB, not past its {resident_mib} MiB "
+            "resident part: raise --oversub-resident-mib"
+        )
+    if touch > resident_mib + neighbour_mib:
+        raise ValueError(
+            f"the same work ({touch} MiB) would not fit beside the ballast for the comparison: "
+            "raise --slice-mib (the neighbour's slice)"
+        )
+    room = resident_mib + neighbour_mib + 2 * CONTEXT_ALLOWANCE_MIB
+    ballast = card_free_mib - room
+    if ballast < block_mib:
+        raise ValueError(
+            f"the card has {card_free_mib} MiB free; the section needs more than {room} MiB"
+        )
+    return OversubPlan(
+        resident_mib,
+        slice_mib,
+        touch,
+        neighbour_mib,
+        neighbour_mib - CONTEXT_ALLOWANCE_MIB,
+        ballast,
+    )
+
+
+def touch_checksum(block_mib: int, blocks: int) -> int:
+    """What the touch role's checksum must be: block i holds int32s of value i + 1."""
+    per_block = block_mib * MiB // 4
+    return per_block * blocks * (blocks + 1) // 2
+
+
 def format_table(results: Sequence[Result]) -> str:
     cols = ("check", "status", "measured", "expected", "reason")
     rows = [(r.name, r.status, r.measured, r.expected, r.reason) for r in results]
@@ -288,11 +358,17 @@ class HostNvml:
             else "?"
         )
 
-    def total(self, index: int) -> int:
+    def memory(self, index: int) -> NvmlMemory:
         m = NvmlMemory()
         if self.ml.nvmlDeviceGetMemoryInfo(self.handle(index), ctypes.byref(m)) != 0:
             raise RuntimeError("nvmlDeviceGetMemoryInfo failed")
-        return int(m.total)
+        return m
+
+    def total(self, index: int) -> int:
+        return int(self.memory(index).total)
+
+    def free(self, index: int) -> int:
+        return int(self.memory(index).free)
 
     def text(self, call: str, *args: Any) -> str:
         """A string NVML gives (driver version...); "?" where this driver lacks the call."""
@@ -578,6 +654,7 @@ class Kit:
         core_pct: int | None = None,
         preload: bool = True,
         log_level: str | None = None,
+        resident_mib: int | None = None,
     ) -> dict[str, str]:
         """A container's environment, as the node plugin gives it (one card: ordinal 0)."""
         env = {
@@ -602,6 +679,8 @@ class Kit:
             env["TESSERA_DEVICE_MEMORY_LIMIT_0"] = str(mem_mib)
         if core_pct is not None:
             env["TESSERA_DEVICE_CORE_LIMIT_0"] = str(core_pct)
+        if resident_mib is not None:
+            env["TESSERA_DEVICE_MEMORY_RESIDENT_0"] = str(resident_mib)
         if self.fake:
             fake = SHIM_DIR / "build" / "fake"
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -957,6 +1036,87 @@ class Kit:
             {"step_s": step_s, "slower": slower},
         )
 
+    def check_oversubscription(self) -> list[Result]:
+        """Virtual device memory on a full card: a 1.5x slice allocates and touches all of it
+        (its plain part on the card, the rest served managed), its checksum is right and its
+        region says it spilled; a neighbour without opt-in then still gets its whole slice; and
+        the same work in a slice that fits gives the slowdown."""
+        self.needs_real("touching memory past the card (PyTorch)")
+        self.needs_two_processes()
+        assert self.nvml is not None
+        try:
+            plan = oversub_plan(
+                self.nvml.free(self.gpu) // MiB, self.opts.oversub_resident_mib, self.opts.slice_mib
+            )
+        except ValueError as exc:
+            raise Skip(str(exc)) from None
+        blocks = plan.touch_mib // OVERSUB_BLOCK_MIB
+        expected = touch_checksum(OVERSUB_BLOCK_MIB, blocks)
+        ballast, _ = self.holding(self.container("ballast", preload=False), plan.ballast_mib)
+        try:
+            fits = self.outcome(
+                self.start(
+                    self.container("oversub-fits", plan.slice_mib),
+                    "touch", OVERSUB_BLOCK_MIB, plan.touch_mib,
+                ),
+                FRAMEWORK_TIMEOUT_S,
+            )  # fmt: skip
+            env = self.container("oversub", plan.slice_mib, resident_mib=plan.resident_mib)
+            spiller = self.start(env, "touch", OVERSUB_BLOCK_MIB, plan.touch_mib, "hold")
+            spilled = self.until(spiller, "holding", FRAMEWORK_TIMEOUT_S)
+            region = shared_region.read_region(Path(env["TESSERA_SHARED_REGION"])).device(0)
+            on_card = self.host_used([spiller])
+            neighbour = self.outcome(
+                self.start(
+                    self.container("neighbour", plan.neighbour_mib),
+                    "alloc", plan.neighbour_alloc_mib,
+                ),
+                DRIVER_TIMEOUT_S,
+            )  # fmt: skip
+            spiller.close()
+        finally:
+            ballast.close()
+        spilled_b = region.spilled_bytes if region is not None else 0
+        touched = bool(spilled.get("ok")) and spilled.get("checksum") == expected
+        both = fits.get("ok") and spilled.get("ok")
+        slowdown = spilled["seconds"] / fits["seconds"] if both else None
+        data = {"plan": asdict(plan), "fits": fits, "spilled": spilled, "neighbour": neighbour,
+                "region_spilled": spilled_b, "nvml_process_bytes": on_card}  # fmt: skip
+        return [
+            Result(
+                "oversubscribed slice touched in full",
+                PASS if touched and spilled_b > 0 else FAIL,
+                f"{spilled.get('allocated_mib', 0)} MiB touched, checksum "
+                f"{'right' if spilled.get('checksum') == expected else 'WRONG'}, "
+                f"{mib(spilled_b)} served managed",
+                f"{plan.touch_mib} MiB, checksum {expected}, > 0 MiB managed",
+                f"slice {plan.slice_mib} MiB, resident {plan.resident_mib} MiB, the card filled "
+                f"by a {plan.ballast_mib} MiB ballast; NVML counts {mib(on_card)} for it",
+                data,
+            ),
+            Result(
+                "a neighbour keeps its whole slice beside a spilled one",
+                PASS if neighbour.get("ok") else FAIL,
+                f"{plan.neighbour_alloc_mib} MiB: "
+                f"{'admitted' if neighbour.get('ok') else 'refused'}",
+                "admitted",
+                f"slice {plan.neighbour_mib} MiB less a context, no opt-in, while the "
+                "oversubscribed one holds everything",
+                data,
+            ),
+            Result(
+                "slowdown of a spilled slice",
+                PASS if slowdown is not None and fits.get("checksum") == expected else FAIL,
+                "not measured: a run failed"
+                if slowdown is None
+                else f"{slowdown:.2f}x ({spilled['seconds']:.2f} s against "
+                f"{fits['seconds']:.2f} s in a slice that fits)",
+                "(report only)",
+                f"allocate, fill and sum {plan.touch_mib} MiB in {OVERSUB_BLOCK_MIB} MiB blocks",
+                data,
+            ),
+        ]
+
     def check_mps(self) -> Result:
         """Two clients of one MPS daemon, each pinned to the slice with
         CUDA_MPS_PINNED_DEVICE_MEM_LIMIT as the node plugin does for an mps slice: each is
@@ -1056,6 +1216,7 @@ class Kit:
             ("fill (cupy)", lambda: self.check_fill("cupy")),
             (f"{COMPUTE_TARGET} % compute limit", self.check_compute),
             ("two containers share one card", self.check_share),
+            ("oversubscribed slice", self.check_oversubscription),
             ("MPS pinned memory limit", self.check_mps),
             ("MIG can be turned on", self.check_mig),
             ("overhead of a training loop", self.check_overhead),  # the longest: last
@@ -1183,6 +1344,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "process each one is and what it was refused; the compute-limited ones log at debug)",
     )
     p.add_argument("--fake-card-mib", type=int, default=16384, help="size of the fake card")
+    p.add_argument(
+        "--oversub-resident-mib",
+        type=int,
+        default=4096,
+        help="resident part of the oversubscription section's opted-in slice (default 4096; "
+        f"its slice is {OVERSUB_FACTOR}x that)",
+    )
     opts = p.parse_args(argv)
     if opts.slice_mib < 1024 or opts.slice_mib % BLOCK_MIB:
         p.error(f"--slice-mib must be at least 1024 and a multiple of {BLOCK_MIB}")
@@ -1190,6 +1358,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.error("--budget-s and --compute-s must be positive, --overhead-rounds at least 1")
     if opts.warmup_s is not None and opts.warmup_s < 0:
         p.error("--warmup-s must not be negative")
+    if opts.oversub_resident_mib < 1:
+        p.error("--oversub-resident-mib must be positive")
     return opts
 
 

@@ -16,6 +16,11 @@ Roles:
   matmul  SECONDS WARMUP [sync]  matrix products through PyTorch: products per second
   launch  SECONDS WARMUP [sync]  kernel launches through the driver API (the fake card): per second
   train   ROUNDS STEPS        a small transformer's training steps through PyTorch: seconds per step
+  touch   BLOCK_MIB TOTAL_MIB [hold]  allocate TOTAL_MIB in BLOCK_MIB tensors through PyTorch,
+                              fill block i with int32s of value i + 1 and sum them all back:
+                              the seconds it took and the checksum; with hold, wait for the kit
+                              after its ``holding`` event (virtual device memory: past the
+                              resident part the shim serves the blocks as managed memory)
 
 The rate roles emit ``context`` once their CUDA context exists and ``ready`` after WARMUP
 seconds; with ``sync`` they then keep working, unmeasured, until a line ``go`` (or the end)
@@ -290,6 +295,43 @@ def alloc_size(spec: str, free: int) -> int:
     return int(spec) * MiB
 
 
+def role_touch(block_mib: int, total_mib: int, hold: bool) -> None:
+    torch = import_torch()
+    oom_error = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    blocks, n = total_mib // block_mib, block_mib * MiB // 4
+    keep: list[Any] = []
+    started = time.perf_counter()
+    try:
+        for i in range(blocks):
+            t = torch.empty(n, dtype=torch.int32, device="cuda")
+            t.fill_(i + 1)
+            keep.append(t)
+    except oom_error as exc:
+        emit(event="holding", ok=False, allocated_mib=len(keep) * block_mib, error=str(exc))
+        if hold:
+            wait_for_kit()
+        finish(ok=False, allocated_mib=len(keep) * block_mib)
+        return
+    torch.cuda.synchronize()
+    filled = time.perf_counter()
+    # Summing reads every page again: what the driver moved to host memory comes back.
+    checksum = sum(int(t.sum(dtype=torch.int64).item()) for t in keep)
+    done = time.perf_counter()
+    result = {
+        "ok": True,
+        "allocated_mib": blocks * block_mib,
+        "checksum": checksum,
+        "fill_s": filled - started,
+        "sum_s": done - filled,
+        "seconds": done - started,
+        **torch_versions(torch),
+    }
+    emit(event="holding", **result)
+    if hold:
+        wait_for_kit()
+    finish(**result)
+
+
 def role_alloc(spec: str) -> None:
     drv = Driver()
     free, _ = drv.mem_info()
@@ -418,6 +460,7 @@ def main(argv: list[str]) -> int:
             float(seconds), float(warmup), sync == ("sync",)
         ),
         "train": lambda rounds, steps: role_train(int(rounds), int(steps)),
+        "touch": lambda block, total, *hold: role_touch(int(block), int(total), hold == ("hold",)),
     }
     if len(argv) < 2 or argv[1] not in roles:
         print(f"usage: worker.py {{{'|'.join(roles)}}} ARGS...", file=sys.stderr)

@@ -34,7 +34,10 @@ int main(void)
     F(tessera_region_proc, reaper);
     F(tessera_region_proc, start_time);
     F(tessera_region_proc, used);
+    F(tessera_region_proc, spill_busy);
+    F(tessera_region_proc, spill_gen);
     F(tessera_region_proc, _reserved);
+    F(tessera_region_proc, spilled);
     S(tessera_region);
     F(tessera_region, hdr);
     F(tessera_region, dev);

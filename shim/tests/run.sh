@@ -107,6 +107,52 @@ t "family: async, driver without pool attributes" shim FAKE_CUDA_NO_POOL_ATTRS=1
 t "family: two devices, two limits" \
     shim FAKE_CUDA_DEVICES=2 TESSERA_DEVICE_MEMORY_LIMIT_1=256 "$B/t_families" multidev
 
+echo "== virtual device memory: a 1024 MiB slice, 512 MiB resident, on a 768 MiB card"
+OVER="FAKE_CUDA_MEM_MIB=768 TESSERA_DEVICE_MEMORY_RESIDENT_0=512"
+for c in plain managed limit on_card totals free pitch; do
+    t "oversubscribed: $c" shim $OVER "$B/t_oversub" "$c"
+done
+t "oversubscribed: a device without concurrent managed access refuses past the resident part" \
+    shim $OVER FAKE_CUDA_CONCURRENT_MANAGED=0 "$B/t_oversub" no_access
+over_two() {
+    rm -f "$T/ready"
+    (exec_shim $OVER "$B/t_proc" hold 400 "$T/ready") &
+    h=$!
+    HOLDERS="$HOLDERS $h"
+    wait_file "$T/ready" || return 1
+    shim $OVER "$B/t_oversub" second 400
+    rc=$?
+    kill -9 $h 2>/dev/null
+    return $rc
+}
+t "oversubscribed: two processes of one container share the resident and the spilled counts" over_two
+# Every slot taken: 63 by a live process (this script), slot 0 by a dead one that died in the
+# middle of releasing spilled memory.  The newcomer reclaims slot 0 and must not inherit that
+# unfinished release (its own spilled memory would then count as on the card).
+over_reused_slot() {
+    "$PY" -c 'import struct, sys
+data = bytearray(21056)
+struct.pack_into("<QIIQIII", data, 0, 0x3141524553534554, 3, 64, 21056, 16, 64, 64)
+dead, alive = int(open("/proc/sys/kernel/pid_max").read()), int(sys.argv[2])
+for i in range(64):
+    struct.pack_into("<I", data, 576 + 320 * i, dead if i == 0 else alive)
+struct.pack_into("<I", data, 576 + 144, 1)  # slot 0: spill_busy
+open(sys.argv[1], "wb").write(data)' "$REGION" "$$" || return 1
+    shim $OVER "$B/t_oversub" on_card
+}
+t "oversubscribed: a reclaimed slot does not inherit a dead process's unfinished release" over_reused_slot
+t "oversubscribed: a resident part above the card is the card" \
+    shim FAKE_CUDA_MEM_MIB=768 TESSERA_DEVICE_MEMORY_RESIDENT_0=1000 "$B/t_oversub" card
+t "resident part equal to the limit: not oversubscribed" \
+    shim TESSERA_DEVICE_MEMORY_RESIDENT_0=1024 "$B/t_oversub" plainall
+for bad in abc 0 2000 -5; do
+    bad_resident() {
+        shim TESSERA_DEVICE_MEMORY_RESIDENT_0=$1 "$B/t_oversub" plainall 2>"$T/err" &&
+            expect_err "TESSERA_DEVICE_MEMORY_RESIDENT_0='$1' is not a whole number of MiB from 1 to the limit"
+    }
+    t "bad resident part '$bad': said, and the slice is held on the card in full" bad_resident "$bad"
+done
+
 echo "== memory the card gives beyond allocations: contexts, modules, pools, graphs"
 CTX="FAKE_CUDA_CTX_MIB=300"
 t "context charged, refused past it, given back (NVML names the process)" shim $CTX "$B/t_driver" context
@@ -291,12 +337,12 @@ dir_region() {
 t "region path is a directory: message, per-process limit" dir_region
 other_version() {
     "$PY" -c 'import struct, sys
-data = bytearray(12864)
+data = bytearray(21056)
 struct.pack_into("<QII", data, 0, 0x3141524553534554, 99, 64)
 open(sys.argv[1], "wb").write(data)' "$T/v99" || return 1
     cp "$T/v99" "$T/v99.orig"
     shim TESSERA_SHARED_REGION="$T/v99" "$B/t_proc" alloc 2000 oom 2>"$T/err" &&
-        expect_err "is a version 99 region, this shim uses version 2; it is left as it is" &&
+        expect_err "is a version 99 region, this shim uses version 3; it is left as it is" &&
         cmp "$T/v99" "$T/v99.orig"
 }
 t "region from another version: message, untouched, per-process limit" other_version
@@ -307,10 +353,10 @@ not_region() {
 }
 t "a file that is not a region: message, untouched" not_region
 interrupted_creation() {
-    head -c 12864 /dev/zero >"$REGION" # sized, header never written: its creator died
+    head -c 21056 /dev/zero >"$REGION" # sized, header never written: its creator died
     shim "$B/t_proc" alloc 600 ok && shim "$B/t_proc" report 1024 1024 &&
         "$PY" -c 'import struct, sys; m, v = struct.unpack_from("<QI", open(sys.argv[1], "rb").read());
-sys.exit(0 if (m, v) == (0x3141524553534554, 2) else 1)' "$REGION"
+sys.exit(0 if (m, v) == (0x3141524553534554, 3) else 1)' "$REGION"
 }
 t "a region whose creator died half-way is finished and used" interrupted_creation
 device_out_of_range() {

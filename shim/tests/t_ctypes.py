@@ -21,6 +21,8 @@ class FakeStats(ctypes.Structure):
         ("ptsz_calls", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
         ("used_bytes", ctypes.c_uint64 * 4),
+        ("managed_calls", ctypes.c_uint64),
+        ("spilled_bytes", ctypes.c_uint64 * 4),
     ]
 
 

@@ -43,16 +43,22 @@ static inline unsigned long long env_mib(const char *name, unsigned long long df
         CHECK(s1_.alloc_calls == s0_.alloc_calls, "%s reached the driver", #call);              \
     } while (0)
 
-/* The fake driver's counters (looked up in libcuda.so.1 itself: dlopen'd copies are not global). */
+/* A symbol of the fake driver's own (looked up in libcuda.so.1 itself: dlopen'd copies are not global). */
+static inline void *fake_cuda_symbol(const char *name)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    CHECK(h != NULL, "libcuda.so.1 is not loaded");
+    void *fn = dlsym(h, name);
+    CHECK(fn != NULL, "the loaded libcuda.so.1 is not the fake (no %s)", name);
+    return fn;
+}
+
+/* The fake driver's counters. */
 static inline struct fake_cuda_stats fake_stats(void)
 {
     static fake_cuda_stats_fn fn;
-    if (fn == NULL) {
-        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        CHECK(h != NULL, "libcuda.so.1 is not loaded");
-        fn = (fake_cuda_stats_fn)dlsym(h, "fake_cuda_stats");
-        CHECK(fn != NULL, "the loaded libcuda.so.1 is not the fake");
-    }
+    if (fn == NULL)
+        fn = (fake_cuda_stats_fn)fake_cuda_symbol("fake_cuda_stats");
     struct fake_cuda_stats s;
     fn(&s);
     return s;

@@ -168,8 +168,11 @@ def test_gpu_test_probe(built: dict[str, images.Image]) -> None:
     opposite on a slice)."""
     import json
 
-    out = run(built["gpu-test"], "/usr/local/bin/gpu-probe", "--inside=1", "--beyond=2")
+    out = run(built["gpu-test"], "/usr/local/bin/gpu-probe", "--inside=1", "--beyond=2",
+              "--spill=3")  # fmt: skip
     report = json.loads(out)
     assert report["cuInit"] == 0
     assert report["devices"] == [] and report["shim_mapped"] is False
     assert report["beyond"] == 0
+    # which driver call served each: plain memory, nothing redirects it without the shim
+    assert (report["inside_via"], report["spill"], report["spill_via"]) == ("alloc", 0, "alloc")

@@ -114,9 +114,11 @@ def region_bytes(
     pid: int = 7,
     start_time: int = 0,
     launches: int = 0,
+    spilled: int = 0,
 ) -> bytes:
-    """A version 2 region as the shim writes it: device 0 limited to ``limit_mib`` and
-    ``core_pct``, one process (``pid`` inside the container) holding ``used`` bytes on it."""
+    """A region as the shim writes it: device 0 limited to ``limit_mib`` and ``core_pct``, one
+    process (``pid`` inside the container) holding ``used`` bytes on it, ``spilled`` of them
+    past the resident part."""
     r = blank_region()
     r.hdr.proc_hwm = 1
     r.dev[0].mem_limit_bytes = limit_mib << 20
@@ -125,4 +127,5 @@ def region_bytes(
     r.proc[0].pid = pid
     r.proc[0].start_time = start_time
     r.proc[0].used[0] = used
+    r.proc[0].spilled[0] = spilled
     return bytes(r)

@@ -340,3 +340,36 @@ def test_bad_mode_and_mig_fields_are_refused_naming_the_field(
         al.parse(with_device(device))
     assert message in str(err.value)
     assert "containers[0]." in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("resident", "oversubscribed"), [(1, True), (20096, True), (40191, True), (40192, False)]
+)
+def test_a_resident_part_is_read(resident: int, oversubscribed: bool) -> None:
+    (got,) = al.parse(with_device(dev(resident_mib=resident))).containers[0].devices
+    assert got == al.SliceDevice("GPU-a", 40192, 42, resident_mib=resident)
+    assert got.oversubscribed is oversubscribed
+
+
+def test_no_resident_part_means_the_slice_is_held_in_full() -> None:
+    (got,) = al.parse(with_device(dev())).containers[0].devices
+    assert got.resident_mib is None and not got.oversubscribed
+
+
+@pytest.mark.parametrize(
+    ("resident", "message"),
+    [
+        (0, "devices[0].resident_mib=0 is not 1..memory_mib (40192)"),
+        (-5, "devices[0].resident_mib=-5 is not 1..memory_mib (40192)"),
+        (40193, "devices[0].resident_mib=40193 is not 1..memory_mib (40192)"),
+        ("20096", "devices[0].resident_mib must be an integer"),
+        (20096.0, "devices[0].resident_mib must be an integer"),
+        (True, "devices[0].resident_mib must be an integer"),
+        ([20096], "devices[0].resident_mib must be an integer"),
+    ],
+)
+def test_a_bad_resident_part_is_refused_naming_the_field(resident: Any, message: str) -> None:
+    with pytest.raises(al.AllocationError) as err:
+        al.parse(with_device(dev(resident_mib=resident)))
+    assert message in str(err.value)
+    assert "containers[0]." in str(err.value)

@@ -108,3 +108,84 @@ def test_the_fallback_to_the_signed_annotation_from_the_cluster_environment(tmp_
     assert s.allocation_source == "controlplane" and s.allocation_fallback
     assert s.controlplane_wait_s == 5.0
     assert not config.load({**BASE, **cluster}).allocation_fallback
+
+
+def proc_with_memory(tmp_path: Path, kib: int) -> dict[str, str]:
+    (tmp_path / "meminfo").write_text(f"MemTotal:       {kib} kB\nMemFree:        1024 kB\n")
+    return {"TESSERA_PROC_ROOT": str(tmp_path)}
+
+
+def test_virtual_memory_is_off_by_default(tmp_path: Path) -> None:
+    s = config.load({**BASE, **proc_with_memory(tmp_path, 64 * 1024 * 1024)})
+    assert (s.memory_oversubscription, s.spill_reserve_mib, s.host_memory_mib) == ("1", 0, 65536)
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [("1.5", "1.5"), ("1.50", "1.5"), ("2", "2"), ("2.0", "2"), ("16", "16")]
+)
+def test_the_factor_and_reserve_are_read(tmp_path: Path, raw: str, want: str) -> None:
+    s = config.load(
+        {
+            **BASE,
+            **proc_with_memory(tmp_path, 64 * 1024 * 1024),
+            "TESSERA_MEMORY_OVERSUBSCRIPTION": raw,
+            "TESSERA_SPILL_RESERVE_MIB": "16384",
+        }
+    )
+    assert (s.memory_oversubscription, s.spill_reserve_mib) == (want, 16384)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("0.5", "TESSERA_MEMORY_OVERSUBSCRIPTION='0.5' is out of range: use 1 to 16"),
+        ("-2", "TESSERA_MEMORY_OVERSUBSCRIPTION='-2' is out of range: use 1 to 16"),
+        ("17", "TESSERA_MEMORY_OVERSUBSCRIPTION='17' is out of range: use 1 to 16"),
+        ("double", "TESSERA_MEMORY_OVERSUBSCRIPTION='double' is not a decimal number"),
+        ("1,5", "TESSERA_MEMORY_OVERSUBSCRIPTION='1,5' is not a decimal number"),
+        ("1e1", "TESSERA_MEMORY_OVERSUBSCRIPTION='1e1' is not a decimal number"),
+        ("1.255", "TESSERA_MEMORY_OVERSUBSCRIPTION='1.255' has more than two decimal places"),
+    ],
+)
+def test_a_bad_factor_stops_the_plugin_naming_it(raw: str, message: str) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load({**BASE, "TESSERA_MEMORY_OVERSUBSCRIPTION": raw})
+    assert message in str(err.value)
+
+
+def test_a_reserve_above_the_node_memory_stops_the_plugin(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load(
+            {
+                **BASE,
+                **proc_with_memory(tmp_path, 8 * 1024 * 1024),
+                "TESSERA_SPILL_RESERVE_MIB": "8193",
+            }
+        )
+    assert "TESSERA_SPILL_RESERVE_MIB=8193 is more than this node's memory (8192 MiB" in str(
+        err.value
+    )
+    s = config.load(
+        {**BASE, **proc_with_memory(tmp_path, 8 * 1024 * 1024), "TESSERA_SPILL_RESERVE_MIB": "8192"}
+    )
+    assert s.spill_reserve_mib == 8192
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [("-1", "TESSERA_SPILL_RESERVE_MIB=-1 is out of range"), ("lots", "is not a whole number")],
+)
+def test_a_bad_reserve_stops_the_plugin_naming_it(tmp_path: Path, raw: str, message: str) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load(
+            {**BASE, **proc_with_memory(tmp_path, 1 << 20), "TESSERA_SPILL_RESERVE_MIB": raw}
+        )
+    assert message in str(err.value)
+
+
+def test_a_reserve_without_a_readable_meminfo_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load({**BASE, "TESSERA_PROC_ROOT": str(tmp_path), "TESSERA_SPILL_RESERVE_MIB": "1"})
+    assert "MemTotal cannot be read" in str(err.value)
+    s = config.load({**BASE, "TESSERA_PROC_ROOT": str(tmp_path)})
+    assert s.host_memory_mib is None and s.spill_reserve_mib == 0

@@ -6,7 +6,13 @@ import pytest
 
 from nodeplugin import edits
 from nodeplugin.allocation import ContainerAllocation, SliceDevice
-from nodeplugin.cards import Card, Health, inventory_report
+from nodeplugin.cards import (
+    VIRTUAL_MEMORY_KEYS,
+    Card,
+    Health,
+    inventory_report,
+    virtual_memory_fields,
+)
 
 CARDS = {
     "GPU-a": Card("GPU-a", 0, "A100", 81920, 0, 0),
@@ -69,6 +75,42 @@ def test_no_task_priority_without_the_pod_asking() -> None:
     (dev,) = spec["devices"]  # type: ignore[misc]
     assert not any(e.startswith("TESSERA_TASK_PRIORITY") for e in dev["containerEdits"]["env"])
     assert "TESSERA_TASK_PRIORITY" not in edits.paths_config(plan(), LAYOUT)
+
+
+def oversubscribed_plan() -> edits.ContainerPlan:
+    c = ContainerAllocation(
+        "app",
+        0,
+        False,
+        (
+            SliceDevice("GPU-b", 4000, 30, resident_mib=2667),
+            SliceDevice("GPU-a", 2000, 0),
+            SliceDevice("GPU-c", 1000, 0, resident_mib=1000),
+        ),
+    )
+    return edits.make_plan("alloc-y", c, CARDS, namespace="ns", pod="p", pod_uid="u")
+
+
+def test_a_resident_part_goes_beside_the_limit_only_where_the_record_has_one() -> None:
+    env = edits.container_env(oversubscribed_plan(), LAYOUT)
+    resident = {k: v for k, v in env.items() if k.startswith("TESSERA_DEVICE_MEMORY_RESIDENT_")}
+    assert resident == {
+        "TESSERA_DEVICE_MEMORY_RESIDENT_0": "2667",
+        "TESSERA_DEVICE_MEMORY_RESIDENT_2": "1000",
+    }
+    assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "4000"
+    spec = edits.cdi_spec("tessera.io/gpu", oversubscribed_plan(), LAYOUT, [])
+    (dev,) = spec["devices"]  # type: ignore[misc]
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_0=2667" in dev["containerEdits"]["env"]
+    # host-path mode numbers the cards by index: GPU-a 0, GPU-b 1, GPU-c 2
+    config = edits.paths_config(oversubscribed_plan(), LAYOUT)
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_1=2667\n" in config
+    assert "TESSERA_DEVICE_MEMORY_RESIDENT_0" not in config
+
+
+def test_no_resident_part_no_variable() -> None:
+    env = edits.container_env(plan(), LAYOUT)
+    assert not any(k.startswith("TESSERA_DEVICE_MEMORY_RESIDENT_") for k in env)
 
 
 def test_cdi_spec_gives_exactly_the_cards() -> None:
@@ -141,3 +183,24 @@ def test_every_gpu_container_numbers_cards_in_pci_order(order: list[str]) -> Non
     assert edits.container_env(plan_, LAYOUT)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     paths = edits.paths_allocate("alloc-y", [CARDS[u] for u in order], LAYOUT, [])
     assert paths.envs["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_node_that_oversubscribes_says_so_at_the_top_of_its_report() -> None:
+    memory = virtual_memory_fields("1.5", 16384, 65536)
+    body = inventory_report("1.0", list(CARDS.values()), {}, memory=memory)
+    assert set(body) == {"plugin_version", "cards", *VIRTUAL_MEMORY_KEYS}
+    assert (body["memory_oversubscription"], body["spill_reserve_mib"]) == ("1.5", 16384)
+    assert body["host_memory_mib"] == 65536
+    # a reserve alone is enough to say it; an unknown node memory is left out
+    assert virtual_memory_fields("1", 1024, None) == {
+        "memory_oversubscription": "1",
+        "spill_reserve_mib": 1024,
+    }
+
+
+def test_a_node_that_leaves_oversubscription_off_reports_as_before() -> None:
+    assert virtual_memory_fields("1", 0, 65536) == {}
+    body = inventory_report(
+        "1.0", list(CARDS.values()), {}, memory=virtual_memory_fields("1", 0, 1)
+    )
+    assert set(body) == {"plugin_version", "cards"}

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from e2e.ports import free_port
 from nodeplugin.cards import Card
 from nodeplugin.metrics import (
@@ -401,19 +403,32 @@ def test_the_heartbeat_carries_each_containers_use_of_its_cards(short_tmp: Path)
     run(main)
 
 
-def test_a_control_plane_that_refuses_usage_keeps_the_heartbeat(short_tmp: Path) -> None:
+@pytest.mark.parametrize(
+    ("refused", "key", "message"),
+    [
+        ("takes_usage", "usage", "does not take the containers' usage"),
+        ("takes_memory", "spill_reserve_mib", "does not take the node's oversubscription"),
+    ],
+)
+def test_a_control_plane_that_refuses_a_part_keeps_the_heartbeat(
+    short_tmp: Path, refused: str, key: str, message: str
+) -> None:
+    """One older than usage reports refuses `usage`; one older than virtual device memory the
+    node's factor and reserve (without them it takes the node as one that spills nothing)."""
+
     async def main() -> None:
-        async with fake_node(short_tmp) as node:
+        async with fake_node(short_tmp, **oversubscribing(short_tmp)) as node:
             plane = node.plane
-            plane.takes_usage = False
+            setattr(plane, refused, False)
             with plane.lock:
                 before = len(plane.reports)
             await eventually(
-                lambda: len(plane.reports) >= before + 2, timeout=10, what="two more heartbeats"
+                lambda: len(plane.reports) >= before + 3, timeout=10, what="three more heartbeats"
             )
+            # the plugin sends one report at a time: one may have been taken as the flag turned
             with plane.lock:
-                assert all("usage" not in body for _, _, body in plane.reports[before:])
-            assert "does not take the containers' usage" in node.plugin.text()
+                assert all(key not in body for _, _, body in plane.reports[before + 1 :])
+            assert message in node.plugin.text()
 
     run(main)
 
@@ -437,3 +452,102 @@ def test_usage_entries_are_one_per_container_and_card_of_this_node() -> None:
             "compute_used_percent": 30,
         }
     ]
+
+
+def test_usage_entries_say_what_is_resident_and_spilled_on_a_node_that_oversubscribes() -> None:
+    def owner(name: str) -> Owner:
+        return Owner(name, "ns", name, "main", ("GPU-1",))
+
+    used = [
+        Used(owner("big"), "GPU-1", 6000 << 20, None, 2000 << 20),
+        Used(owner("fits"), "GPU-1", 1 << 20, None),
+        Used(owner("liar"), "GPU-1", 1 << 50, None, 1 << 50),  # a region claiming a PiB spilled
+    ]
+    got = {e["pod"]: e for e in usage_entries(used, {"GPU-1": 4096}, spill=True, host_mib=65536)}
+    assert {k: got["big"][k] for k in ("memory_used_mib", "memory_resident_mib")} == {
+        "memory_used_mib": 6000,
+        "memory_resident_mib": 4000,
+    }
+    assert got["big"]["memory_spilled_mib"] == 2000
+    assert (got["fits"]["memory_resident_mib"], got["fits"]["memory_spilled_mib"]) == (1, 0)
+    # held to the node's memory, and the used figure to the card plus that
+    assert got["liar"]["memory_spilled_mib"] == 65536
+    assert got["liar"]["memory_used_mib"] == 4096 + 65536
+    # without the node's memory, to the largest factor's share of the card
+    (liar,) = usage_entries(used[2:], {"GPU-1": 4096}, spill=True)
+    assert liar["memory_spilled_mib"] == 16 * 4096
+
+
+def test_a_node_that_does_not_oversubscribe_reports_as_before() -> None:
+    """A region's spilled count on a node that gives no slice a resident part is the
+    container's invention: the entry has no spill keys and its memory is held to the card."""
+    used = [Used(Owner("a", "ns", "p", "main", ("GPU-1",)), "GPU-1", 1 << 50, None, 1 << 50)]
+    (entry,) = usage_entries(used, {"GPU-1": 4096})
+    assert set(entry) == {
+        "namespace", "pod", "container", "card", "memory_used_mib", "compute_used_percent",
+    }  # fmt: skip
+    assert entry["memory_used_mib"] == 4096
+
+
+def oversubscribing(short_tmp: Path) -> dict[str, str]:
+    proc = short_tmp / "proc"
+    proc.mkdir(exist_ok=True)
+    (proc / "meminfo").write_text("MemTotal:       67108864 kB\n")  # 64 GiB
+    return {
+        "TESSERA_PROC_ROOT": str(proc),
+        "TESSERA_MEMORY_OVERSUBSCRIPTION": "1.50",
+        "TESSERA_SPILL_RESERVE_MIB": "16384",
+    }
+
+
+def test_an_oversubscribing_node_reports_its_factor_reserve_and_each_containers_spill(
+    short_tmp: Path,
+) -> None:
+    port = free_port()
+
+    async def main() -> None:
+        env = oversubscribing(short_tmp)
+        async with fake_node(short_tmp, TESSERA_METRICS_PORT=str(port), **env) as node:
+            plane, u = node.plane, node.uuids
+            pod, _ = bind_pod(plane, "big", [("main", False, [(u[0], 6000, 0)])])
+            await node.kubelet.admit(pod)
+            await node.kubelet.start_container(pod, "main")
+            region = node.plugin.region_dir / cdi_name(pod, "main").partition("=")[2]
+            (region / "region").write_bytes(region_bytes(6000, 5000 << 20, spilled=1000 << 20))
+
+            def last() -> dict[str, object]:
+                with plane.lock:
+                    return plane.reports[-1][2] if plane.reports else {}
+
+            await eventually(
+                lambda: bool(cast(list[object], last().get("usage", []))),
+                timeout=10,
+                what="a heartbeat with the container's usage",
+            )
+            body = last()
+            assert (
+                body["memory_oversubscription"],
+                body["spill_reserve_mib"],
+                body["host_memory_mib"],
+            ) == ("1.5", 16384, 65536)
+            (entry,) = cast(list[dict[str, object]], body["usage"])
+            assert (entry["memory_used_mib"], entry["memory_resident_mib"]) == (5000, 4000)
+            assert entry["memory_spilled_mib"] == 1000
+            labels = {
+                "namespace": "team-a",
+                "pod": "big",
+                "container": "main",
+                "uuid": u[0],
+                "ordinal": "0",
+            }
+            m = await scrape_when(
+                port,
+                lambda m: (
+                    value(m, "tessera_container_gpu_memory_spilled_bytes", labels) is not None
+                ),
+            )
+            assert value(m, "tessera_container_gpu_memory_spilled_bytes", labels) == 1000 << 20
+            assert value(m, "tessera_container_gpu_memory_resident_bytes", labels) == 4000 << 20
+            assert value(m, "tessera_container_gpu_memory_used_bytes", labels) == 5000 << 20
+
+    run(main)

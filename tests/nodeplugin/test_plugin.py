@@ -967,3 +967,45 @@ def test_a_heartbeat_in_flight_at_sigterm_does_not_land_after_the_last_report(
             assert _cards_reported(plane)[-1] == {(False, STOPPING)}
 
     run(main)
+
+
+def test_a_resident_part_reaches_the_container_and_a_bad_one_is_refused(short_tmp: Path) -> None:
+    """Virtual device memory through Allocate and PreStartContainer: the record's resident_mib
+    becomes TESSERA_DEVICE_MEMORY_RESIDENT_0 beside the limit; a container whose record has
+    none gets no such variable; a record whose resident_mib passes the slice is refused naming
+    the field, and no spec is written for it."""
+
+    async def main() -> None:
+        async with fake_node(short_tmp) as node:
+            k, plane, u = node.kubelet, node.plane, node.uuids
+            pod, _ = bind_pod(
+                plane,
+                "spills",
+                [("big", False, [(u[0], 6000, 0)]), ("plain", False, [(u[1], 1000, 0)])],
+                modes={u[0]: {"resident_mib": 4000}},
+            )
+            await k.admit(pod)
+            for c in ("big", "plain"):
+                await k.start_container(pod, c)
+            envs = {
+                c: spec_env(cdi_spec(node.plugin.cdi_dir, cdi_name(pod, c))) for c in pod.responses
+            }
+            assert envs["big"]["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "6000"
+            assert envs["big"]["TESSERA_DEVICE_MEMORY_RESIDENT_0"] == "4000"
+            assert not any(k_.startswith("TESSERA_DEVICE_MEMORY_RESIDENT") for k_ in envs["plain"])
+
+            bad, _ = bind_pod(
+                plane, "too-resident", [("app", False, [(u[2], 1000, 0)])],
+                modes={u[2]: {"resident_mib": 1001}},
+            )  # fmt: skip
+            await k.admit(bad)
+            specs = sorted(node.plugin.cdi_dir.iterdir())
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.start_container(bad, "app")
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "containers[0].devices[0].resident_mib=1001 is not 1..memory_mib (1000)" in (
+                err.value.details() or ""
+            )
+            assert sorted(node.plugin.cdi_dir.iterdir()) == specs  # nothing written for it
+
+    run(main)

@@ -3,7 +3,6 @@ launch counts from the regions and writes the holds into them."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from nodeplugin.cards import Card
 from nodeplugin.owners import Owner
 from nodeplugin.priority import LEASE_POLLS, Activity, PriorityMonitor, holds
 from nodeplugin.writer import Writer
+from tests.shim.test_shared_region import blank_region, blank_region_v2
 
 MS = 1_000_000
 
@@ -106,25 +106,22 @@ class Node:
             self.layout.state_dir, self.layout.region_dir, 0.1, 0.3, clock=lambda: self.now
         )
 
-    def container(self, name: str, priority: int | None, *uuids: str, version: int = 2) -> Path:
+    def container(
+        self, name: str, priority: int | None, *uuids: str, version: int = sr.REGION_VERSION
+    ) -> Path:
         c = ContainerAllocation(
             "app", 0, False, tuple(SliceDevice(u, 100, 0) for u in uuids), priority
         )
         self.writer.write(edits.make_plan(name, c, self.cards, namespace="ns", pod=f"pod-{name}"))
-        region = sr.Region()
-        region.hdr.magic = sr.REGION_MAGIC
-        region.hdr.version = version
-        region.hdr.header_size = ctypes.sizeof(sr.RegionHeader)
-        region.hdr.region_size = sr.REGION_SIZE
-        region.hdr.max_devices = sr.MAX_DEVICES
-        region.hdr.max_procs = sr.MAX_PROCS
+        region = blank_region() if version >= 3 else blank_region_v2(version)
         path = self.layout.region_host_dir(name) / edits.REGION_FILE
         path.write_bytes(bytes(region))
         return path
 
     def launch(self, name: str, device: int = 0, n: int = 1) -> None:
         path = self.layout.region_host_dir(name) / edits.REGION_FILE
-        region = sr.Region.from_buffer_copy(path.read_bytes())
+        data = path.read_bytes()
+        region = (sr.Region if len(data) == sr.REGION_SIZE else sr.RegionV2).from_buffer_copy(data)
         region.dev[device].launches += n
         path.write_bytes(bytes(region))
 

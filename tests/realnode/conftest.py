@@ -88,6 +88,10 @@ def make_fake_gpu(root: Path) -> dict[str, str]:
     }
 
 
+OVERSUB_FACTOR = 1.5
+OVERSUB_RESERVE_MIB = 16384
+
+
 def chart_values(
     cluster: RealNodeCluster, gpu_env: dict[str, str], gpu_root: Path
 ) -> dict[str, Any]:
@@ -105,6 +109,10 @@ def chart_values(
             "controlplaneURL": cluster.controlplane_url,
             "slots": SLOTS,
             "metricsPort": 0,  # the host's network: no fixed port on a shared machine
+            # Virtual device memory: the cards take opted-in slices up to 1.5 x their memory,
+            # with 16 GiB of the host set aside for what spills (the machine must have it).
+            "memoryOversubscription": "1.5",
+            "spillReserveMiB": OVERSUB_RESERVE_MIB,
             "hostPaths": {
                 "podResources": str(cluster.pod_resources_dir),
                 "cdi": str(cluster.cdi_dir),

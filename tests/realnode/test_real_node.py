@@ -23,6 +23,7 @@ from nodeplugin.app import STOPPING
 from tests.realnode.conftest import (
     CARDS,
     NAMESPACE,
+    OVERSUB_FACTOR,
     RELEASE,
     SLOTS,
     node_cards,
@@ -363,3 +364,40 @@ def test_a_gpu_sidecar_and_the_app_container_each_get_their_own_slice(
         cards = allocated_cards(core, namespace, "with-sidecar", container)
         report = wait_report(node_cluster, namespace, "with-sidecar", container=container)[-1]
         check_sees_exactly_its_cards(report, cards, gpumem, f"{namespace}/with-sidecar:{container}")
+
+
+def test_an_opted_in_pod_sees_a_slice_past_the_card_and_spills_past_its_resident_part(
+    node_cluster: RealNodeCluster, core: Any, namespace: str
+) -> None:
+    """Virtual device memory end to end: a pod annotated tessera.io/memory-oversubscription on
+    cards whose factor is 1.5 (the chart's node value) gets a slice larger than the card; the
+    record gives it a resident part, the plugin passes both to the shim, and in the container
+    the slice is the total, an allocation within the resident part is plain, one past it is
+    served managed, and one past the slice is refused."""
+    gpumem = CARDS[0].memory_mib + 4096  # past the card: only an oversubscribed slice fits
+    resident = -(-gpumem * 10 // round(OVERSUB_FACTOR * 10))
+    pod = probe_pod(node_cluster, "oversub", gpus=1, gpumem=gpumem)
+    pod["metadata"].setdefault("annotations", {})["tessera.io/memory-oversubscription"] = "true"
+    inside, spill = resident // 2, gpumem // 2  # together past the resident part, within the slice
+    pod["spec"]["containers"][0]["args"] = [
+        f"--inside={inside}", f"--beyond={gpumem + 1}", f"--spill={spill}",
+        f"--card-mib={CARDS[0].memory_mib}", "--sleep",
+    ]  # fmt: skip
+    core.create_namespaced_pod(namespace, pod)
+    objects.wait_for(lambda: running(core, namespace, "oversub"), timeout=120, every=0.5,
+                     what=f"{namespace}/oversub Running on the real node")  # fmt: skip
+    record = json.loads(
+        core.read_namespaced_pod("oversub", namespace).metadata.annotations["tessera.io/allocation"]
+    )
+    (device,) = record["containers"][0]["devices"]
+    assert (device["memory_mib"], device["resident_mib"]) == (gpumem, resident)
+    report = wait_report(node_cluster, namespace, "oversub")[-1]
+    where = f"{namespace}/oversub"
+    env = report["env"]
+    assert env.get("TESSERA_DEVICE_MEMORY_LIMIT_0") == str(gpumem), where
+    assert env.get("TESSERA_DEVICE_MEMORY_RESIDENT_0") == str(resident), where
+    assert report["shim_mapped"] is True and report["cuInit"] == 0, where
+    assert report["total_mib"] == gpumem, where  # the slice, though it passes the card
+    assert (report["inside"], report["inside_via"]) == (0, "alloc"), where
+    assert (report["spill"], report["spill_via"]) == (0, "managed"), where
+    assert report["beyond"] == CUDA_ERROR_OUT_OF_MEMORY, where

@@ -193,6 +193,50 @@ def test_the_kit_builds_with_this_machines_headers_when_the_wheels_are_absent(
     assert not (tree / ".deps").exists()
 
 
+@pytest.mark.parametrize(
+    ("card_free", "ballast"),
+    [(80 * 1024 - 600, 80 * 1024 - 600 - 4096 - 4096 - 2048), (140 * 1024, 140 * 1024 - 10240)],
+)
+def test_the_oversubscription_section_fills_the_card_around_two_resident_parts(
+    card_free: int, ballast: int
+) -> None:
+    plan = kit.oversub_plan(card_free, 4096, 4096)
+    assert (plan.slice_mib, plan.touch_mib) == (6144, 5120)  # 1.5 x 4096; less a context
+    assert plan.touch_mib % kit.OVERSUB_BLOCK_MIB == 0
+    assert plan.touch_mib > plan.resident_mib  # so it must spill
+    assert plan.neighbour_alloc_mib == 4096 - kit.CONTEXT_ALLOWANCE_MIB
+    assert plan.ballast_mib == ballast
+    # what may not leave the card: ballast, both resident parts, two contexts: the free memory
+    room = plan.ballast_mib + plan.resident_mib + plan.neighbour_mib
+    assert room + 2 * kit.CONTEXT_ALLOWANCE_MIB == card_free
+
+
+def test_the_slice_is_the_resident_part_times_the_factor_rounded_up() -> None:
+    assert kit.oversub_plan(100_000, 4097, 4096).slice_mib == 6146  # 6145.5 up
+    assert kit.oversub_plan(100_000, 4096, 4096, factor=2).slice_mib == 8192
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((10_000, 1024, 4096), "not past its 1024 MiB resident part"),
+        ((100_000, 16384, 2048), "would not fit beside the ballast"),
+        ((9000, 4096, 4096), "the card has 9000 MiB free; the section needs more than 10240 MiB"),
+    ],
+)
+def test_an_oversubscription_section_that_cannot_show_it_says_why(
+    args: tuple[int, int, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        kit.oversub_plan(*args)
+
+
+def test_the_touch_checksum_is_the_sum_of_each_blocks_value() -> None:
+    per_block = 256 * MiB // 4
+    assert kit.touch_checksum(256, 1) == per_block
+    assert kit.touch_checksum(256, 20) == per_block * sum(range(1, 21))
+
+
 # ---- the whole kit on the fake driver ------------------------------------------------------
 
 DRIVER_CHECKS = [
@@ -212,6 +256,7 @@ NEEDS_A_GPU = [
     "fill (torch)",
     "overhead of a training loop",
     "fill (cupy)",
+    "oversubscribed slice",
 ]
 
 

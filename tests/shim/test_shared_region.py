@@ -114,11 +114,66 @@ def test_parse_sums_process_slots_per_device() -> None:
     assert snap.device(2) is None
 
 
+def test_parse_reads_spilled_bytes_per_process_and_device() -> None:
+    region = blank_region()
+    region.hdr.proc_hwm = 2
+    region.dev[0].mem_limit_bytes = 1024 * MiB
+    region.proc[0].pid = 10
+    region.proc[0].used[0] = 600 * MiB
+    region.proc[0].spilled[0] = 200 * MiB
+    region.proc[1].pid = 11
+    region.proc[1].used[0] = 300 * MiB
+    region.proc[1].spilled[0] = 100 * MiB
+    snap = sr.parse_region(bytes(region))
+    dev = snap.device(0)
+    assert dev is not None
+    assert (dev.used_bytes, dev.spilled_bytes) == (900 * MiB, 300 * MiB)
+    assert dev.resident_bytes == 600 * MiB
+    assert [p.spilled_bytes[0] for p in snap.processes] == [200 * MiB, 100 * MiB]
+
+
+def test_a_release_seen_half_way_never_spills_more_than_is_used() -> None:
+    region = blank_region()
+    region.hdr.proc_hwm = 1
+    region.proc[0].pid = 10
+    region.proc[0].used[0] = 100 * MiB
+    region.proc[0].spilled[0] = 300 * MiB  # used already released, spilled not yet
+    dev = sr.parse_region(bytes(region)).device(0)
+    assert dev is not None
+    assert (dev.spilled_bytes, dev.resident_bytes) == (100 * MiB, 0)
+
+
+def blank_region_v2(version: int) -> sr.RegionV2:
+    """An empty region as a shim of version 1 or 2 makes it."""
+    region = sr.RegionV2()
+    region.hdr.magic = sr.REGION_MAGIC
+    region.hdr.version = version
+    region.hdr.header_size = ctypes.sizeof(sr.RegionHeader)
+    region.hdr.region_size = sr.REGION_SIZES[version]
+    region.hdr.max_devices = sr.MAX_DEVICES
+    region.hdr.max_procs = sr.MAX_PROCS
+    return region
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_region_of_an_older_shim_reads_as_one_that_spilled_nothing(version: int) -> None:
+    region = blank_region_v2(version)
+    region.hdr.proc_hwm = 1
+    region.proc[0].pid = 10
+    region.proc[0].used[0] = 100 * MiB
+    snap = sr.parse_region(bytes(region))
+    dev = snap.device(0)
+    assert snap.version == version and dev is not None
+    assert (dev.used_bytes, dev.spilled_bytes, dev.resident_bytes) == (100 * MiB, 0, 100 * MiB)
+    assert sr.parse_head(bytes(region)[: sr.HEAD_SIZE]).version == version
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
         (lambda b: struct.pack_into("<Q", b, 0, 0x1234), "bad magic"),
-        (lambda b: struct.pack_into("<I", b, 8, 3), "region version 3"),
+        (lambda b: struct.pack_into("<I", b, 8, 99), "region version 99"),
+        (lambda b: struct.pack_into("<I", b, 8, 2), "want 12864"),  # a version 2 header on a 3
     ],
 )
 def test_parse_refuses_foreign_regions(mutate: Callable[[bytearray], None], message: str) -> None:
@@ -129,10 +184,9 @@ def test_parse_refuses_foreign_regions(mutate: Callable[[bytearray], None], mess
 
 
 def test_a_version_1_region_still_reads() -> None:
-    """Containers started before an upgrade keep their version 1 regions: same layout, the
-    words version 2 named were reserved (zero) there."""
-    region = blank_region()
-    region.hdr.version = 1
+    """Containers started before an upgrade keep their version 1 regions: the layout of
+    version 2, whose named words were reserved (zero) there."""
+    region = blank_region_v2(1)
     region.hdr.proc_hwm = 1
     region.dev[0].mem_limit_bytes = 512 * MiB
     region.proc[0].pid = 7
@@ -174,18 +228,23 @@ def test_head_and_hold_round_trip_through_the_file(tmp_path: Path) -> None:
 def test_a_short_head_is_refused() -> None:
     with pytest.raises(sr.RegionError, match="too short"):
         sr.parse_head(b"")
-    with pytest.raises(sr.RegionError, match="want 12864"):
+    with pytest.raises(sr.RegionError, match=f"want {sr.HEAD_SIZE}"):
         sr.parse_head(bytes(blank_region())[:100])
 
 
 def test_parse_refuses_short_files() -> None:
     with pytest.raises(sr.RegionError, match="too short"):
         sr.parse_region(b"TESSERA")
-    with pytest.raises(sr.RegionError, match="want 12864"):
+    with pytest.raises(sr.RegionError, match="want 21056"):
         sr.parse_region(bytes(blank_region())[:1000])
 
 
-def test_read_region_sees_what_the_shim_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("resident", "spilled_mib"), [(None, 0), ("100", 300)])
+def test_read_region_sees_what_the_shim_counts(
+    tmp_path: Path, resident: str | None, spilled_mib: int
+) -> None:
+    """With a resident part of 100 MiB the holder's 300 MiB pass it: served managed, and the
+    region says they are spilled."""
     make("build/libtessera.so", "build/t_proc", "build/fake/libcuda.so.1")
     region_path = tmp_path / "region"
     ready = tmp_path / "ready"
@@ -198,6 +257,8 @@ def test_read_region_sees_what_the_shim_counts(tmp_path: Path) -> None:
         TESSERA_DEVICE_MEMORY_LIMIT_0="1024",
         TESSERA_DEVICE_CORE_LIMIT_0="40",
     )
+    if resident is not None:
+        env["TESSERA_DEVICE_MEMORY_RESIDENT_0"] = resident
     holder = subprocess.Popen([str(BUILD / "t_proc"), "hold", "300", str(ready)], env=env)
     try:
         deadline = time.monotonic() + 10
@@ -216,7 +277,10 @@ def test_read_region_sees_what_the_shim_counts(tmp_path: Path) -> None:
     assert dev.card_total_bytes == 16384 * MiB
     assert dev.core_limit_pct == 40
     assert dev.used_bytes == 300 * MiB
+    assert dev.spilled_bytes == spilled_mib * MiB
+    assert dev.resident_bytes == (300 - spilled_mib) * MiB
     [proc] = snap.processes
     assert proc.pid == holder.pid
     assert proc.used_bytes[0] == 300 * MiB
+    assert proc.spilled_bytes[0] == spilled_mib * MiB
     assert proc.start_time > 0

@@ -13,7 +13,14 @@ struct fake_cuda_stats {
     uint64_t ptsz_calls;   /* calls that reached a _ptsz entry point */
     uint64_t launches;     /* kernel and graph launches, all variants */
     uint64_t used_bytes[FAKE_MAX_DEVICES]; /* what this process has allocated, by CUDA ordinal */
+    uint64_t managed_calls;                /* cuMemAllocManaged calls that reached the driver */
+    uint64_t spilled_bytes[FAKE_MAX_DEVICES]; /* managed memory that did not fit on the card and lives
+                                                 in host memory, by CUDA ordinal */
 };
+
+/* Which driver entry point served an allocation (fake_cuda_alloc_via). */
+enum fake_via { FAKE_VIA_NONE = 0, FAKE_VIA_ALLOC = 1, FAKE_VIA_MANAGED = 2, FAKE_VIA_PITCH = 3, FAKE_VIA_OTHER = 4 };
+typedef int (*fake_cuda_alloc_via_fn)(uint64_t ptr);
 
 /* Exported by the fake libcuda.so.1 (not a CUDA symbol, never hooked). */
 typedef void (*fake_cuda_stats_fn)(struct fake_cuda_stats *out);

@@ -20,6 +20,13 @@
  * FAKE_CUDA_GRAPH_MIB    graph memory an executable graph reserves at its first launch or
  *                        upload, kept until cuDeviceGraphMemTrim (default 0)
  * FAKE_CUDA_NO_POOL_ATTRS=1  cuMemPoolGetAttribute fails (a driver without pool attributes)
+ * FAKE_CUDA_CONCURRENT_MANAGED  what CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS answers (default 1;
+ *                        0 = a device that cannot page managed memory on demand)
+ *
+ * Managed memory (cuMemAllocManaged) may exceed the card, as on a device with concurrent managed
+ * access: what fits is booked on the card, the rest counted as spilled to host memory
+ * (fake_cuda_stats' spilled_bytes).  fake_cuda_alloc_via(ptr) names the entry point that served
+ * each live allocation, so a test can tell a plain allocation from a redirected one.
  * FAKE_KERNEL_US         GPU time of one kernel (for FAKE_GPU_QUEUE and the fake NVML)
  * FAKE_GPU_QUEUE         kernels the card queues before a launch blocks (default 0: launches
  *                        never wait); with it, kernels run one after another on the card and
@@ -56,6 +63,7 @@ static int phys_of[FAKE_MAX_DEVICES]; /* CUDA ordinal -> physical card */
 static int gpa_aliases;
 static uint64_t ctx_bytes, module_bytes, hidden_bytes, graph_bytes;
 static int no_pool_attrs;
+static int concurrent_managed = 1;
 static double kernel_us = 100.0;
 static int queue_depth;
 static struct fake_cuda_stats stats;
@@ -70,9 +78,11 @@ static struct fake_proc *me; /* this process's entry; a forked child claims its 
 enum { NO_POOL = -1 };
 struct live {
     uint64_t key;
-    uint64_t size;
+    uint64_t size;    /* of which spilled is in host memory, the rest on the card */
+    uint64_t spilled;
     int dev;
     int pool;
+    int via;          /* enum fake_via */
 };
 #define MAX_LIVE 65536
 static struct live live[MAX_LIVE];
@@ -169,6 +179,9 @@ __attribute__((constructor)) static void fake_init(void)
     module_bytes = env_mib("FAKE_CUDA_MODULE_MIB");
     hidden_bytes = env_mib("FAKE_CUDA_HIDDEN_MIB");
     graph_bytes = env_mib("FAKE_CUDA_GRAPH_MIB");
+    s = getenv("FAKE_CUDA_CONCURRENT_MANAGED");
+    if (s != NULL && *s != '\0')
+        concurrent_managed = atoi(s);
     s = getenv("FAKE_CUDA_NO_POOL_ATTRS");
     no_pool_attrs = s != NULL && strcmp(s, "1") == 0;
     if ((s = getenv("FAKE_KERNEL_US")) != NULL && *s != '\0')
@@ -277,15 +290,23 @@ EXPORT struct fake_gpu_state *fake_cuda_state(void)
     return state;
 }
 
-/* Allocate bookkeeping; returns the new key or 0 when the card is full. */
-static uint64_t fake_alloc_in(uint64_t size, int dev, int pool)
+/* Allocate bookkeeping; returns the new key or 0 when the card is full.  A managed allocation
+ * (via FAKE_VIA_MANAGED) books what fits on the card and spills the rest. */
+static uint64_t fake_alloc_in(uint64_t size, int dev, int pool, int via)
 {
-    uint64_t key = 0;
+    uint64_t key = 0, spilled = 0;
     pthread_mutex_lock(&lock);
     stats.alloc_calls++;
+    if (via == FAKE_VIA_MANAGED)
+        stats.managed_calls++;
     if (dev < 0 || dev >= device_count || nlive == MAX_LIVE)
         goto out;
-    if (pool == NO_POOL) {
+    if (via == FAKE_VIA_MANAGED) {
+        uint64_t room = card_bytes - card_used(phys_of[dev]);
+        spilled = size > room ? size - room : 0;
+        book(dev, (int64_t)(size - spilled));
+        stats.spilled_bytes[dev] += spilled;
+    } else if (pool == NO_POOL) {
         if (book(dev, (int64_t)size) != 0)
             goto out;
     } else {
@@ -303,7 +324,7 @@ static uint64_t fake_alloc_in(uint64_t size, int dev, int pool)
     next_addr += (size + 511) & ~511ull;
     if (size == 0)
         next_addr += 512;
-    live[nlive++] = (struct live){key, size, dev, pool};
+    live[nlive++] = (struct live){key, size, spilled, dev, pool, via};
 out:
     pthread_mutex_unlock(&lock);
     return key;
@@ -311,7 +332,18 @@ out:
 
 static uint64_t fake_alloc(uint64_t size, int dev)
 {
-    return fake_alloc_in(size, dev, NO_POOL);
+    return fake_alloc_in(size, dev, NO_POOL, FAKE_VIA_OTHER);
+}
+
+EXPORT int fake_cuda_alloc_via(uint64_t key)
+{
+    int via = FAKE_VIA_NONE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nlive; i++)
+        if (live[i].key == key)
+            via = live[i].via;
+    pthread_mutex_unlock(&lock);
+    return via;
 }
 
 static int fake_free(uint64_t key)
@@ -321,8 +353,10 @@ static int fake_free(uint64_t key)
     stats.free_calls++;
     for (int i = nlive - 1; i >= 0; i--)
         if (live[i].key == key) {
-            if (live[i].pool == NO_POOL)
-                book(live[i].dev, -(int64_t)live[i].size);
+            if (live[i].pool == NO_POOL) {
+                book(live[i].dev, -(int64_t)(live[i].size - live[i].spilled));
+                stats.spilled_bytes[live[i].dev] -= live[i].spilled;
+            }
             else
                 pools[live[i].pool].used -= live[i].size; /* stays reserved in the pool */
             live[i] = live[--nlive];
@@ -608,7 +642,7 @@ EXPORT CUresult cuLibraryUnload(CUlibrary l) { return unload_module((uint64_t)(u
 /* ---- linear memory */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 {
-    uint64_t k = fake_alloc(n, current_device);
+    uint64_t k = fake_alloc_in(n, current_device, NO_POOL, FAKE_VIA_ALLOC);
     if (!k)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *p = k;
@@ -616,14 +650,27 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags)
 {
-    (void)flags;
-    return cuMemAlloc_v2(p, n);
+    if (n == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t k = fake_alloc_in(n, current_device, NO_POOL, FAKE_VIA_MANAGED);
+    if (!k)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = k;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice d)
+{
+    VALID_DEVICE(d);
+    if (pi == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pi = attrib == CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS ? concurrent_managed : 0;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int elem)
 {
     (void)elem;
     size_t pt = (w + 511) & ~(size_t)511;
-    uint64_t k = fake_alloc((uint64_t)pt * h, current_device);
+    uint64_t k = fake_alloc_in((uint64_t)pt * h, current_device, NO_POOL, FAKE_VIA_PITCH);
     if (!k)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *p = k;
@@ -722,7 +769,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
 {
     (void)s;
-    uint64_t k = fake_alloc_in(n, current_device, current_device);
+    uint64_t k = fake_alloc_in(n, current_device, current_device, FAKE_VIA_OTHER);
     if (!k)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *p = k;
@@ -735,7 +782,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool p
     int i = pool_index(pool);
     if (i < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t k = fake_alloc_in(n, pools[i].dev, i);
+    uint64_t k = fake_alloc_in(n, pools[i].dev, i, FAKE_VIA_OTHER);
     if (!k)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *p = k;
@@ -1008,6 +1055,7 @@ static const struct entry table[] = {
     E("cuDriverGetVersion", cuDriverGetVersion, 2020, ANY),
     E("cuDeviceGet", cuDeviceGet, 2000, ANY),
     E("cuDeviceGetCount", cuDeviceGetCount, 2000, ANY),
+    E("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000, ANY),
     E("cuDeviceGetUuid", cuDeviceGetUuid, 9020, ANY),
     E("cuDeviceGetUuid", cuDeviceGetUuid_v2, 11040, ANY),
     E("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId, 4010, ANY),

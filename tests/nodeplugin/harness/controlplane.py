@@ -5,7 +5,8 @@ Endpoints (all need ``Authorization: Bearer <token>`` of a node identity):
 - ``PUT /api/v1/nodes/<name>/inventory``: the body must have exactly the keys of DESIGN §7,
   plus an optional ``usage`` list (docs/nodeplugin.md); 201 on the first report of a node, then
   200; 403 for another node's token; 400 naming ``usage`` when ``takes_usage`` is off (a
-  control plane that predates it).
+  control plane that predates it), naming the virtual device memory keys when ``takes_memory``
+  is off.
 - ``GET /api/v1/allocations/<namespace>/<name>``: the record; 404 without one; 403 when the
   record is on another node than the token's.
 - ``POST /api/v1/allocations/<pod_uid>/containers/<container>/allocated`` with
@@ -31,9 +32,13 @@ from nodeplugin import allocation as alloc_mod
 from tests.nodeplugin.harness.jsonhttp import JsonHandler
 
 INVENTORY_KEYS = {"plugin_version", "cards"}
+# Virtual device memory (docs/nodeplugin.md): a node that oversubscribes says so at the top
+# level, and each usage entry says what is resident and what spilled.
+MEMORY_KEYS = {"memory_oversubscription", "spill_reserve_mib", "host_memory_mib"}
 USAGE_KEYS = {
     "namespace", "pod", "container", "card", "memory_used_mib", "compute_used_percent",
 }  # fmt: skip
+SPILL_USAGE_KEYS = {"memory_resident_mib", "memory_spilled_mib"}
 CARD_KEYS = {"uuid", "index", "model", "memory_mib", "numa_node", "healthy", "health_reason"}
 # docs/card-modes.md: a MIG-capable card's report may carry this, and nothing else is optional.
 OPTIONAL_CARD_KEYS = {"mig"}
@@ -110,6 +115,8 @@ class FakeControlPlane:
         self.status_override: int | None = None  # e.g. 503: the control plane is "down"
         self.modes: dict[str, str] | None = None  # the answer's "modes"; None: no such key
         self.takes_usage = True  # False: refuse a report with `usage`, as an older one does
+        # False: refuse a report with the node's oversubscription keys, as an older one does
+        self.takes_memory = True
         # Seconds a report whose cards are all healthy takes to be handled (a slow heartbeat);
         # `healthy_report_arrived` is set when one arrives.
         self.healthy_report_delay = 0.0
@@ -184,11 +191,20 @@ class FakeControlPlane:
                     if isinstance(body, dict) and "usage" in body and not plane.takes_usage:
                         self._send(400, {"usage": ["Unknown field."]})
                         return
+                    memory = set(body) & MEMORY_KEYS if isinstance(body, dict) else set()
+                    if memory and not plane.takes_memory:
+                        self._send(400, {k: ["Unknown field."] for k in sorted(memory)})
+                        return
                     if (
                         not isinstance(body, dict)
-                        or set(body) - {"usage"} != INVENTORY_KEYS
+                        or set(body) - {"usage"} - MEMORY_KEYS != INVENTORY_KEYS
+                        or (memory and "memory_oversubscription" not in memory)
                         or not all(_card_ok(c) for c in body["cards"])
-                        or not all(set(u) == USAGE_KEYS for u in body.get("usage", []))
+                        or not all(
+                            set(u) - SPILL_USAGE_KEYS == USAGE_KEYS
+                            and set(u) & SPILL_USAGE_KEYS in (set(), SPILL_USAGE_KEYS)
+                            for u in body.get("usage", [])
+                        )
                     ):
                         self._send(400, {"error": f"not the DESIGN §7 shape: {body!r}"})
                         return

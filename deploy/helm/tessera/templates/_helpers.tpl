@@ -105,6 +105,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if not (has .Values.mode (list "extender" "dra")) -}}
 {{- fail (printf "mode=%v is not a mode Tessera runs: use mode=extender (the scheduler extender and the device plugin) or mode=dra (Kubernetes DRA: ResourceSlices and DeviceClasses; docs/dra.md)" .Values.mode) -}}
 {{- end -}}
+{{- $factor := toString .Values.nodeplugin.memoryOversubscription -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]{1,2})?$" $factor) -}}
+{{- fail (printf "nodeplugin.memoryOversubscription=%v is not a decimal number with at most two decimal places: use \"1\" (off) to \"16\", e.g. \"1.5\"" $factor) -}}
+{{- else if or (lt (float64 $factor) 1.0) (gt (float64 $factor) 16.0) -}}
+{{- fail (printf "nodeplugin.memoryOversubscription=%v is out of range: use \"1\" (off) to \"16\"; a factor below 1 would shrink the cards" $factor) -}}
+{{- end -}}
 {{- if and (eq .Values.mode "dra") .Values.cardModes.migResources -}}
 {{- fail "mode=dra cannot serve cardModes.migResources=true: NVIDIA's nvidia.com/mig-<profile> resources are served through the webhook and the extender, which DRA mode does not run; ask MIG devices with the DeviceClass mig.gpu.tessera.io instead (docs/dra.md)" -}}
 {{- end -}}
