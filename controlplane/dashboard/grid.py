@@ -23,6 +23,8 @@ from django.utils.safestring import SafeString, mark_safe
 from controlplane import rawsql
 from controlplane.ledger import usage as ledger_usage
 from controlplane.ledger.models import Card, Slice
+from controlplane.ledger.selectors import card_factor
+from controlplane.scheduling import FACTOR_ONE, format_factor, virtual_mib
 
 STATES = ("healthy", "unhealthy", "cordoned", "draining")
 COLOURS = ("memory", "compute")
@@ -58,6 +60,10 @@ class GridCard(NamedTuple):
     mode: str
     pending_mode: str
     state: str  # the one the cell is marked with, worst first (see `card_states`)
+    # What the card's slices may add up to: f x its memory on a shared card that oversubscribes
+    # (docs/virtual-memory.md), its memory otherwise; the cell fills against it.
+    virtual_memory_mib: int
+    factor: int  # in hundredths, as the ledger keeps it
     used_memory_mib: int
     used_cores: int
     used_slots: int
@@ -74,13 +80,24 @@ class GridCard(NamedTuple):
 
     @property
     def free_memory_mib(self) -> int:
-        return max(self.memory_mib - self.used_memory_mib, 0)
+        return max(self.virtual_memory_mib - self.used_memory_mib, 0)
 
     def share(self, colour: str) -> float:
-        """Allocated share (0-1) of memory or compute, by the grid's colour toggle."""
+        """Allocated share (0-1) of memory (of what the slices may add up to) or compute, by
+        the grid's colour toggle."""
         if colour == "compute":
             return self.used_cores / self.compute_units if self.compute_units else 0.0
-        return self.used_memory_mib / self.memory_mib if self.memory_mib else 0.0
+        total = self.virtual_memory_mib
+        return self.used_memory_mib / total if total else 0.0
+
+    @property
+    def memory_line(self) -> str:
+        """The tooltip's memory figures: "40960/81920 MiB", or on a card that oversubscribes
+        "120000/163840 MiB (81920 MiB x 2)"."""
+        line = f"{self.used_memory_mib}/{self.virtual_memory_mib} MiB"
+        if self.virtual_memory_mib != self.memory_mib:
+            line += f" ({self.memory_mib} MiB x {format_factor(self.factor)})"
+        return line
 
 
 HEALTHY = ("healthy",)
@@ -131,6 +148,7 @@ class Grid:
 CARD_ROW = (
     "id", "uuid", "index", "model", "node__name", "memory_mib", "compute_units", "slots", "mode",
     "pending_mode", "healthy", "present", "cordoned", "node__cordoned", "node__ready",
+    "memory_factor", "node__memory_factor",
 )  # fmt: skip
 
 
@@ -164,7 +182,7 @@ def card_grid(filters: GridFilters) -> Grid:
     groups: dict[str, GridNode] = {}
     shown = 0
     for (card_id, uuid, index, model, node, memory, compute, slots, mode, pending, healthy,
-         present, cordoned, node_cordoned, ready) in rows:  # fmt: skip
+         present, cordoned, node_cordoned, ready, own_factor, node_factor) in rows:  # fmt: skip
         models.add(model)
         on_card = pods.get(card_id, "")
         group = groups.get(node)
@@ -181,6 +199,10 @@ def card_grid(filters: GridFilters) -> Grid:
         if filters.state and filters.state not in states:
             continue
         used = held.get(card_id, ledger_usage.EMPTY_CARD)
+        factor = card_factor(own_factor, node_factor)
+        # Only shared cards oversubscribe; MIG, MPS and exclusive cards hold their memory.
+        shared = mode == Card.Mode.SHARED
+        virtual = virtual_mib(memory, factor) if shared and factor != FACTOR_ONE else memory
         group.cards.append(
             GridCard(
                 uuid,
@@ -193,6 +215,8 @@ def card_grid(filters: GridFilters) -> Grid:
                 mode,
                 pending,
                 states[0],
+                virtual,
+                factor,
                 used.memory_mib,
                 used.cores,
                 used.slots,
@@ -269,7 +293,7 @@ def render_cells(nodes: Iterable[GridNode], colour: str) -> SafeString:
                 f'<a class="c a{_level(c.share(colour))}{STATE_MARK[c.state]}'
                 f'{MODE_MARK.get(c.mode, "")}" href="{card_prefix}{uuid}/" '
                 f'title="GPU {c.index} \u00b7 {name}{state}\n{kind}\n'
-                f"memory {c.used_memory_mib}/{c.memory_mib} MiB \u00b7 "
+                f"memory {c.memory_line} \u00b7 "
                 f"compute {c.used_cores}/{c.compute_units}% \u00b7 "
                 f'slots {c.used_slots}/{c.slots}\n{pod_line}"></a>'
             )

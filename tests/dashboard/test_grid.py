@@ -15,7 +15,7 @@ from controlplane.access.roles import Role
 from controlplane.dashboard import grid
 from controlplane.ledger.models import Card, Node
 from controlplane.ledger.services.cordons import set_card_cordon, set_node_cordon
-from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
+from controlplane.ledger.services.nodes import InventoryReport, apply_inventory, set_card_factor
 from tests.builders import card_report
 from tests.dashboard.builders import make_node, person, pod, signed_in
 from tests.pods import gpu_container
@@ -69,6 +69,22 @@ def test_the_cell_colour_follows_the_allocated_share_and_the_toggle(cluster: Non
     assert by_compute[trainer].split()[1] == "a2"  # 20% -> the second
     idle = next(u for _, u, t in cells(client) if "no pods" in t)
     assert by_memory[idle].split()[1] == "a0"
+
+
+def test_a_card_that_oversubscribes_fills_against_what_its_slices_may_add_up_to(
+    cluster: None,
+) -> None:
+    client = signed_in(Role.VIEWER)
+    trainer = next(u for _, u, t in cells(client) if "team-a/train-0" in t)
+    set_card_factor(trainer, "2", "alice")
+    found = {u: (css, title) for css, u, title in cells(client)}
+    css, title = found[trainer]
+    assert css.split()[1] == "a4"  # 61440 of 2 x 81920: 37.5 %, no longer 75 %
+    assert "memory 61440/163840 MiB (81920 MiB x 2)" in title
+    others = [t for u, (_, t) in found.items() if u.startswith("GPU-n1") and u != trainer]
+    assert all(re.search(r"memory \d+/81920 MiB \u00b7", t) for t in others)
+    # free memory for the sort counts the virtual budget: the trainer's card has the most
+    assert uuids(client, "?sort=free")[0] == trainer
 
 
 def test_level_steps_never_draw_a_used_card_as_empty() -> None:
