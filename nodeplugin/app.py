@@ -23,6 +23,7 @@ from nodeplugin.cards import Card, Health
 from nodeplugin.config import DRA, Settings
 from nodeplugin.controlplane import ControlPlane, ControlPlaneError
 from nodeplugin.dra_node import DraNode
+from nodeplugin.dra_slices import NodeVersions
 from nodeplugin.http import HttpUnavailable
 from nodeplugin.kubeapi import KubeApi
 from nodeplugin.metrics import SampleCollector, Sampler
@@ -178,6 +179,7 @@ class Plugin:
                 self.cards,
                 lambda: (self.modes, self.registry.health),
                 self.registry.changed,
+                NodeVersions(*self.nvml.versions()),
             )
 
     # -- gRPC server -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from nodeplugin.config import Settings
 from nodeplugin.dra_claims import ClaimPreparer, ClaimStore, Published
 from nodeplugin.dra_plugin import ClaimReader, DraServer, DraServicer
 from nodeplugin.dra_publish import SliceApi, SlicePublisher
-from nodeplugin.dra_slices import build_slices
+from nodeplugin.dra_slices import NodeVersions, build_slices
 from nodeplugin.writer import Writer
 
 # The cards' modes (by UUID; a card not named is shared) and their health, as the plugin
@@ -40,8 +40,10 @@ class DraNode:
         cards: Sequence[Card],
         state: NodeState,
         health_changed: Callable[[], asyncio.Event],
+        versions: NodeVersions,
     ) -> None:
         self.s = settings
+        self.versions = versions  # the driver's and CUDA's, published as attributes
         self.cards = tuple(cards)
         self.state = state
         self.health_changed = health_changed
@@ -78,6 +80,7 @@ class DraNode:
             health=health,
             slots=self.s.slots,
             generation=generation,
+            versions=self.versions,
         )
 
     def changed(self) -> None:

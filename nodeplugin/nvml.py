@@ -105,6 +105,24 @@ class Nvml:
             cards.append(Card(uuid, i, model, memory_mib, minor, numa, bus_id))
         return cards
 
+    def versions(self) -> tuple[str, str]:
+        """The NVIDIA driver's version and the CUDA version it supports, as NVML gives them
+        (``550.54.15``, ``12.4``); '' for one NVML cannot tell (DRA mode publishes only what
+        it knows)."""
+        try:
+            raw = pynvml.nvmlSystemGetDriverVersion()
+            driver = raw.decode() if isinstance(raw, bytes) else str(raw)
+        except pynvml.NVMLError as exc:
+            log.warning("nvmlSystemGetDriverVersion: %s", exc)
+            driver = ""
+        try:
+            encoded = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+            cuda = f"{encoded // 1000}.{encoded % 1000 // 10}"  # 12040 -> 12.4
+        except pynvml.NVMLError as exc:
+            log.warning("nvmlSystemGetCudaDriverVersion_v2: %s", exc)
+            cuda = ""
+        return driver, cuda
+
     def probe(self, uuid: str) -> str:
         """'' when the card answers; else the reason."""
         h = self.handles.get(uuid)

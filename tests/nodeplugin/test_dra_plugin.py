@@ -261,6 +261,10 @@ def test_registers_publishes_prepares_and_unprepares_a_claim(short_tmp: Path) ->
             names = [d["name"] for d in published["devices"]]
             assert names == ["gpu-0", "gpu-1"]
             assert all(d["allowMultipleAllocations"] for d in published["devices"])
+            # the driver's and CUDA's versions, from NVML (the fake's 550.54.15 and 12040)
+            attrs = published["devices"][0]["attributes"]
+            assert attrs["driverVersion"] == {"version": "550.54.15"}
+            assert attrs["cudaVersion"] == {"version": "12.4.0"}
 
             c = allocated_claim("u-1", ("gpu-1", "4Gi", "30"))
             node.api.add_claim(c)

@@ -86,3 +86,11 @@ def test_plugin_exits_clearly_on_bad_settings(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "TESSERA_SLOTS=-1 is out of range" in out.stderr
+
+
+def test_the_driver_and_cuda_versions_are_read_as_nvml_gives_them(tmp_path: Path) -> None:
+    gpu = GpuNode(tmp_path, [FakeCard("GPU-x")])
+    code = "from nodeplugin.nvml import Nvml\nprint(list(Nvml().versions()))"
+    done = _run(gpu, code)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.replace("'", '"')) == ["550.54.15", "12.4"]

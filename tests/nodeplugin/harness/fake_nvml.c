@@ -190,8 +190,20 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int len)
 {
     if (!initialised) return E_UNINIT;
     if (len < 8) return E_INSUFFICIENT;
-    snprintf(v, len, "550.00.fake");
+    snprintf(v, len, "550.54.15");
     return OK;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v)
+{
+    if (!initialised) return E_UNINIT;
+    *v = 12040; /* CUDA 12.4, as NVML encodes it: 1000 x major + 10 x minor */
+    return OK;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
+{
+    return nvmlSystemGetCudaDriverVersion_v2(v);
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
