@@ -119,12 +119,21 @@ def _check_inventory(request: PodRequest, limits: InventoryLimits) -> Admission 
     for c in request.containers:
         key = "initContainers" if c.init else "containers"
         where = f"spec.{key}[{c.index}].resources"
-        if c.memory_mib is not None and c.memory_mib > limits.max_card_memory_mib:
+        most = limits.max_card_memory_mib
+        if request.memory_oversubscription:
+            most = max(most, limits.max_oversubscribed_mib)
+        if c.memory_mib is not None and c.memory_mib > most:
+            spilling = (
+                f", and {limits.max_oversubscribed_mib} MiB for a slice that may spill to the "
+                "host (its factor x its memory, within its node's spill reserve)"
+                if request.memory_oversubscription and limits.max_oversubscribed_mib
+                else ""
+            )
             return _deny(
                 where,
                 f"container {c.name!r} asks for {c.memory_mib} MiB per GPU; the largest "
-                f"registered card has {limits.max_card_memory_mib} MiB, so it could never run. "
-                "The value is in MiB per GPU.",
+                f"registered card has {limits.max_card_memory_mib} MiB{spilling}, so it could "
+                "never run. The value is in MiB per GPU.",
             )
         if c.gpus > limits.max_cards_per_node:
             return _deny(

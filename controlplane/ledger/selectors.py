@@ -28,6 +28,7 @@ from controlplane.ledger.models import (
     Slice,
 )
 from controlplane.scheduling import (
+    FACTOR_ONE,
     CardClaim,
     CardState,
     NodeState,
@@ -35,6 +36,7 @@ from controlplane.scheduling import (
     ResourceNames,
     SchedulingConfig,
     Snapshot,
+    virtual_mib,
 )
 from controlplane.scheduling.mig import placement_mask
 
@@ -327,15 +329,19 @@ def decided_pod_uids(before: datetime) -> set[str]:
 
 @dataclass(frozen=True, slots=True)
 class InventoryLimits:
-    """The largest things any registered node can hold, for the webhook's sanity checks."""
+    """The largest things any registered node can hold, for the webhook's sanity checks.
+    ``max_oversubscribed_mib``: the most an opted-in slice could ever take on one card
+    (docs/virtual-memory.md), 0 where no card oversubscribes."""
 
     max_card_memory_mib: int
     max_cards_per_node: int
     cards: int
+    max_oversubscribed_mib: int = 0
 
 
 def inventory_limits() -> InventoryLimits:
-    """Largest card memory and most cards on one node among present cards (two queries)."""
+    """Largest card memory and most cards on one node among present cards, and the largest
+    slice an opted-in pod could get on an oversubscribing card (three queries)."""
     present = Card.objects.filter(present=True)
     largest = present.aggregate(mem=Max("memory_mib"), n=Count("id"))
     per_node = (
@@ -343,7 +349,23 @@ def inventory_limits() -> InventoryLimits:
         .aggregate(most=Max("n"))
         .get("most")
     )
-    return InventoryLimits(int(largest["mem"] or 0), int(per_node or 0), int(largest["n"] or 0))
+    # An opted-in slice of m MiB on an empty card of M MiB at factor f: m <= f x M, and what it
+    # spills, m - ceil(m / f), within the node's reserve R; so m <= M + R as well. Only shared
+    # cards on nodes with a reserve can take one past the card.
+    spilling = present.filter(mode=Card.Mode.SHARED, node__spill_reserve_mib__gt=0).values_list(
+        "memory_mib", "memory_factor", "node__memory_factor", "node__spill_reserve_mib"
+    )
+    oversubscribed = max(
+        (
+            min(virtual_mib(memory, factor), memory + reserve)
+            for memory, own, node_default, reserve in spilling
+            if (factor := card_factor(own, node_default)) > FACTOR_ONE
+        ),
+        default=0,
+    )
+    return InventoryLimits(
+        int(largest["mem"] or 0), int(per_node or 0), int(largest["n"] or 0), oversubscribed
+    )
 
 
 def snapshot_of(

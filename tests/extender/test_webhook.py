@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.builders import make_node
+from controlplane.ledger.services.nodes import InventoryReport, apply_inventory
+from tests.builders import card_report, make_node
 from tests.extender.builders import plain_pod
 from tests.extender.conftest import fixture_pod, post
 from tests.pods import gpu_pod
@@ -138,6 +139,38 @@ def test_what_can_never_run_is_denied_with_the_field(client, change, needle) -> 
     assert response["status"]["code"] == 403
     assert needle in response["status"]["message"]
     assert "patch" not in response
+
+
+def test_an_opted_in_pod_may_ask_past_the_card_where_a_card_oversubscribes(client) -> None:
+    # 40960 MiB cards at factor 2 with a 16384 MiB host reserve: an opted-in slice may take up
+    # to 40960 + 16384 MiB on one (factor x memory would allow 81920, the reserve less).
+    report = InventoryReport(
+        plugin_version="test",
+        cards=(card_report("GPU-v-0", 0, 40960),),
+        memory_factor=200,
+        spill_reserve_mib=16384,
+        host_memory_mib=65536,
+    )
+    apply_inventory("n1", report, actor="test")
+
+    def asking(mib: int, opted: str | None) -> dict[str, Any]:
+        pod = gpu_pod()
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = str(mib)
+        if opted is not None:
+            pod["metadata"]["annotations"] = {"tessera.io/memory-oversubscription": opted}
+        return mutate(client, pod)
+
+    assert asking(45056, "true")["allowed"] is True
+    for opted in (None, "false"):  # without the opt-in the card's own memory is the most
+        denied = asking(45056, opted)
+        assert denied["allowed"] is False
+        assert (
+            "largest registered card has 40960 MiB, so it could never run"
+            in (denied["status"]["message"])
+        )
+    past = asking(40960 + 16384 + 1, "true")
+    assert past["allowed"] is False
+    assert "and 57344 MiB for a slice that may spill to the host" in past["status"]["message"]
 
 
 def test_privileged_container_without_gpus_is_not_our_business(client) -> None:
