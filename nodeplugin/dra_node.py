@@ -11,20 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from nodeplugin.allocation import MIG
 from nodeplugin.cards import Card, Health
 from nodeplugin.config import Settings
 from nodeplugin.dra_claims import ClaimPreparer, ClaimStore, Published
 from nodeplugin.dra_plugin import ClaimReader, DraServer, DraServicer
 from nodeplugin.dra_publish import SliceApi, SlicePublisher
-from nodeplugin.dra_slices import NodeVersions, build_slices
+from nodeplugin.dra_slices import MigLayout, NodeVersions, build_slices
+from nodeplugin.mig import MigError
 from nodeplugin.writer import Writer
+
+log = logging.getLogger(__name__)
 
 # The cards' modes (by UUID; a card not named is shared) and their health, as the plugin
 # knows them now.
 NodeState = Callable[[], tuple[Mapping[str, str], Mapping[str, Health]]]
+
+
+class MigSource(Protocol):
+    """Where a MIG card's placements come from (:class:`~nodeplugin.mig.Mig`, NVML; blocks)."""
+
+    def layout(self, card: str) -> MigLayout | None: ...
 
 
 class DraApi(ClaimReader, SliceApi, Protocol):
@@ -41,11 +52,17 @@ class DraNode:
         state: NodeState,
         health_changed: Callable[[], asyncio.Event],
         versions: NodeVersions,
+        mig: MigSource,
     ) -> None:
         self.s = settings
         self.versions = versions  # the driver's and CUDA's, published as attributes
         self.cards = tuple(cards)
         self.state = state
+        self.mig = mig
+        # The placements of each card in MIG mode whose MIG is on, read from NVML off the event
+        # loop whenever the modes change; a MIG card not in it offers nothing yet.
+        self.mig_layouts: dict[str, MigLayout] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self.health_changed = health_changed
         # Set once the control plane's inventory answer has given the cards' modes: publishing
         # before would offer an exclusive or MIG card as shared for a moment, and a claim could
@@ -81,11 +98,38 @@ class DraNode:
             slots=self.s.slots,
             generation=generation,
             versions=self.versions,
+            mig=self.mig_layouts,
         )
 
-    def changed(self) -> None:
-        """The cards' modes changed: publish the new shape."""
+    def read_mig_layouts(self) -> dict[str, MigLayout]:
+        """The layouts of the cards in MIG mode (NVML calls: a thread). A card's placements do
+        not change while it stays in MIG mode, so one read is kept; one NVML cannot give yet
+        (MIG pending a reset) is asked again on the next change."""
+        modes, _ = self.state()
+        out: dict[str, MigLayout] = {}
+        for card in self.cards:
+            if modes.get(card.uuid) != MIG:
+                continue
+            known = self.mig_layouts.get(card.uuid)
+            try:
+                layout = known if known is not None else self.mig.layout(card.uuid)
+            except MigError as exc:
+                log.error("%s; the card offers no MIG device until it can be read", exc)
+                continue
+            if layout is not None:
+                out[card.uuid] = layout
+        return out
+
+    async def _refresh(self) -> None:
+        self.mig_layouts = await asyncio.to_thread(self.read_mig_layouts)
         self.publisher.kick()
+
+    def changed(self) -> None:
+        """The cards' modes (or their MIG state) changed: read the MIG cards' placements, then
+        publish the new shape."""
+        task = asyncio.get_running_loop().create_task(self._refresh())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def modes_known(self) -> None:
         """The control plane answered an inventory report: the cards' modes are known."""

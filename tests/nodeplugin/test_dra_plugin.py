@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,10 +154,17 @@ class DraNode:
 
 @contextlib.asynccontextmanager
 async def dra_node(
-    root: Path, n_cards: int = 2, modes: dict[int, str] | None = None, **env: str
+    root: Path,
+    n_cards: int = 2,
+    modes: dict[int, str] | None = None,
+    mig_capable: tuple[int, ...] = (),
+    **env: str,
 ) -> AsyncIterator[DraNode]:
-    """``modes``: the control plane's card modes from the first inventory answer, by index."""
-    gpu = GpuNode(root, cards(n_cards))
+    """``modes``: the control plane's card modes from the first inventory answer, by index;
+    ``mig_capable``: the cards (by index) the fake NVML gives the A100 80GB's MIG geometry."""
+    gpu = GpuNode(
+        root, [replace(c, mig=i in mig_capable) for i, c in enumerate(cards(n_cards))]
+    )
     plane = FakeControlPlane()
     if modes:
         plane.modes = {gpu.cards[i].uuid: m for i, m in modes.items()}
@@ -438,5 +445,60 @@ def test_slices_wait_for_the_control_planes_card_modes(short_tmp: Path) -> None:
             assert len(created) == 1 and spec["pool"]["generation"] == 1
             assert spec["devices"][1]["attributes"]["mode"] == {"string": "exclusive"}
             assert "allowMultipleAllocations" not in spec["devices"][1]
+
+    run(body)
+
+
+def test_a_mig_card_offers_every_placement_nvml_gives_consuming_its_memory_slices(
+    short_tmp: Path,
+) -> None:
+    """A card the control plane has in MIG mode: the plugin turns MIG on and publishes one
+    device per profile placement NVML lists (the fake's A100 80GB: 25), each consuming the
+    counters of the memory slices it covers, beside the counter set in a slice of its own."""
+
+    async def body() -> None:
+        async with dra_node(short_tmp, modes={1: "mig"}, mig_capable=(1,)) as node:
+            counters = f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            with node.api.lock:
+                devices = json.loads(json.dumps(node.api.slices[f"{NODE}-{DRIVER}"]["spec"]))
+                sets = json.loads(json.dumps(node.api.slices[counters]["spec"]))
+            assert devices["pool"]["resourceSliceCount"] == sets["pool"]["resourceSliceCount"] == 2
+            assert devices["pool"]["generation"] == sets["pool"]["generation"]
+            (card_set,) = sets["sharedCounters"]
+            assert card_set["name"] == "gpu-1-slices"
+            assert card_set["counters"] == {f"memory-slice-{k}": {"value": "1"} for k in range(8)}
+            by_name = {d["name"]: d for d in devices["devices"]}
+            assert by_name["gpu-0"]["allowMultipleAllocations"] is True  # the shared card
+            mig = {n: d for n, d in by_name.items() if n.startswith("gpu-1-")}
+            assert "gpu-1" not in by_name
+            placements = {
+                (d["attributes"]["profile"]["string"], d["attributes"]["placementStart"]["int"])
+                for d in mig.values()
+            }
+            assert placements == {
+                *(("1g.10gb", s) for s in range(7)),
+                *(("1g.10gb+me", s) for s in range(7)),
+                *(("1g.20gb", s) for s in (0, 2, 4, 6)),
+                *(("2g.20gb", s) for s in (0, 2, 4)),
+                ("3g.40gb", 0),
+                ("3g.40gb", 4),
+                ("4g.40gb", 0),
+                ("7g.80gb", 0),
+            }
+            three = mig["gpu-1-mig-3g-40gb-4"]
+            assert three["capacity"] == {"memory": {"value": "40192Mi"}}
+            assert three["attributes"]["mode"] == {"string": "mig"}
+            assert three["attributes"]["uuid"] == {"string": node.uuids[1]}
+            assert three["attributes"]["placementSize"] == {"int": 4}
+            assert three["consumesCounters"] == [
+                {
+                    "counterSet": "gpu-1-slices",
+                    "counters": {f"memory-slice-{k}": {"value": "1"} for k in (4, 5, 6, 7)},
+                }
+            ]
+            assert "allowMultipleAllocations" not in three
+            whole = mig["gpu-1-mig-7g-80gb-0"]["consumesCounters"][0]["counters"]
+            assert set(whole) == {f"memory-slice-{k}" for k in range(8)}
 
     run(body)
