@@ -22,7 +22,7 @@ from nodeplugin.dra_claims import ClaimPreparer, ClaimStore, Published
 from nodeplugin.dra_plugin import ClaimReader, DraServer, DraServicer
 from nodeplugin.dra_publish import SliceApi, SlicePublisher
 from nodeplugin.dra_slices import MigLayout, NodeVersions, build_slices
-from nodeplugin.mig import MigError
+from nodeplugin.mig import Mig, MigError
 from nodeplugin.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -30,12 +30,6 @@ log = logging.getLogger(__name__)
 # The cards' modes (by UUID; a card not named is shared) and their health, as the plugin
 # knows them now.
 NodeState = Callable[[], tuple[Mapping[str, str], Mapping[str, Health]]]
-
-
-class MigSource(Protocol):
-    """Where a MIG card's placements come from (:class:`~nodeplugin.mig.Mig`, NVML; blocks)."""
-
-    def layout(self, card: str) -> MigLayout | None: ...
 
 
 class DraApi(ClaimReader, SliceApi, Protocol):
@@ -52,7 +46,7 @@ class DraNode:
         state: NodeState,
         health_changed: Callable[[], asyncio.Event],
         versions: NodeVersions,
-        mig: MigSource,
+        mig: Mig,
     ) -> None:
         self.s = settings
         self.versions = versions  # the driver's and CUDA's, published as attributes
@@ -70,7 +64,7 @@ class DraNode:
         self._modes_known = asyncio.Event()
         # A checkpoint that cannot be read stops the plugin here, before the kubelet is served.
         self.store = ClaimStore(settings.state_dir)
-        self.preparer = ClaimPreparer(writer, self.store)
+        self.preparer = ClaimPreparer(writer, self.store, mig, settings.proc_root)
         self.servicer = DraServicer(kube, self.preparer, self.published)
         self.publisher = SlicePublisher(
             kube, settings.node_name, self.slices_at, resync_s=settings.heartbeat_s
@@ -86,7 +80,7 @@ class DraNode:
 
     def published(self) -> Published:
         modes, _ = self.state()
-        return Published(self.s.node_name, self.cards, dict(modes))
+        return Published(self.s.node_name, self.cards, dict(modes), dict(self.mig_layouts))
 
     def slices_at(self, generation: int) -> list[dict[str, object]]:
         modes, health = self.state()

@@ -128,7 +128,7 @@ class DraServicer:
             async with self._lock:
                 known = self.preparer.store.get(claim.uid) is not None
                 await asyncio.to_thread(self.preparer.unprepare, claim.uid)
-        except OSError as exc:
+        except (ClaimError, OSError) as exc:
             log.warning("unprepare %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, exc)
             return dra.NodeUnprepareResourceResponse(error=str(exc))
         if known:

@@ -86,6 +86,12 @@ class Owned:
     pod_uid: str
     container: str
 
+    @classmethod
+    def of(cls, inst: MigInstance, digest: str, pod_uid: str, container: str) -> Owned:
+        """The record of ``inst``, created for ``digest`` (an allocation's or a claim's plan)."""
+        fields = {**asdict(inst), "ci": inst.ci if inst.ci is not None else 0}
+        return cls(**fields, digest=digest, pod_uid=pod_uid, container=container)
+
 
 def _err(exc: pynvml.NVMLError) -> str:
     return str(exc) or f"NVML error {exc.value}"

@@ -152,6 +152,20 @@ class DraNode:
         )
 
 
+async def restarted(node: DraNode) -> None:
+    """The plugin restarted and registered again under its new endpoint."""
+    endpoint = node.kubelet.drivers[DRIVER].info.endpoint
+    node.restart_plugin()
+    await eventually(
+        lambda: (
+            DRIVER in node.kubelet.drivers
+            and node.kubelet.drivers[DRIVER].info.endpoint != endpoint
+        ),
+        timeout=15,
+        what="the new plugin registered",
+    )
+
+
 @contextlib.asynccontextmanager
 async def dra_node(
     root: Path,
@@ -162,9 +176,7 @@ async def dra_node(
 ) -> AsyncIterator[DraNode]:
     """``modes``: the control plane's card modes from the first inventory answer, by index;
     ``mig_capable``: the cards (by index) the fake NVML gives the A100 80GB's MIG geometry."""
-    gpu = GpuNode(
-        root, [replace(c, mig=i in mig_capable) for i, c in enumerate(cards(n_cards))]
-    )
+    gpu = GpuNode(root, [replace(c, mig=i in mig_capable) for i, c in enumerate(cards(n_cards))])
     plane = FakeControlPlane()
     if modes:
         plane.modes = {gpu.cards[i].uuid: m for i, m in modes.items()}
@@ -344,17 +356,8 @@ def test_a_restarted_plugin_keeps_every_claim_prepared_once(short_tmp: Path) -> 
                 node.api.add_claim(c)
             first = await node.kubelet.prepare(DRIVER, *(ref(c) for c in claims))
             assert all(not a.error for a in first.values()), first
-            endpoint = node.kubelet.drivers[DRIVER].info.endpoint
 
-            node.restart_plugin()
-            await eventually(
-                lambda: (
-                    DRIVER in node.kubelet.drivers
-                    and node.kubelet.drivers[DRIVER].info.endpoint != endpoint
-                ),
-                timeout=15,
-                what="the new plugin registered",
-            )
+            await restarted(node)
             # Answered from the checkpoint: the claim is not even read again.
             node.api.remove_claim("ml", "claim-u-0")
             again = await node.kubelet.prepare(DRIVER, *(ref(c) for c in claims))
@@ -500,5 +503,69 @@ def test_a_mig_card_offers_every_placement_nvml_gives_consuming_its_memory_slice
             assert "allowMultipleAllocations" not in three
             whole = mig["gpu-1-mig-7g-80gb-0"]["consumesCounters"][0]["counters"]
             assert set(whole) == {f"memory-slice-{k}" for k in range(8)}
+
+    run(body)
+
+
+def test_a_mig_claim_gets_its_instance_at_prepare_once_and_loses_it_at_unprepare(
+    short_tmp: Path,
+) -> None:
+    """A claim allocated a MIG placement: prepare creates the GPU and compute instance there
+    and the spec names that MIG device; a repeat, a lost spec and a restart never make a
+    second one; a claim whose placement overlaps it is refused with nothing created; unprepare
+    (after a restart, the claim gone) destroys it."""
+
+    async def body() -> None:
+        async with dra_node(
+            short_tmp,
+            modes={1: "mig"},
+            mig_capable=(1,),
+            TESSERA_PROC_ROOT=str(short_tmp / "proc"),  # the fake driver's nvidia-caps table
+        ) as node:
+            gpu, card = node.gpu, node.uuids[1]
+            counters = f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            c = allocated_claim("m-1", ("gpu-1-mig-3g-40gb-4", "40192Mi", "0"))
+            node.api.add_claim(c)
+            answer = (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"]
+            assert not answer.error, answer.error
+            assert [d.device_name for d in answer.devices] == ["gpu-1-mig-3g-40gb-4"]
+            made = gpu.mig_state(card)
+            assert [g[2:] for g in made["gi"]] == [(4, 4)] and len(made["ci"]) == 1
+            (entry,) = checkpoint(node)["m-1"]["devices"]
+            assert entry["mig_uuid"].startswith("MIG-") and entry["mig_gi"] == made["gi"][0][0]
+            spec = spec_of(node, "m-1")
+            assert env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == entry["mig_uuid"]
+            assert "TESSERA_DEVICE_MEMORY_LIMIT_0" not in env_of(spec)  # MIG holds itself
+            paths = {d["path"] for d in spec["devices"][0]["containerEdits"]["deviceNodes"]}
+            assert f"/dev/nvidia-caps/nvidia-cap{gpu.mig_minor(1, entry['mig_gi'])}" in paths
+            ci_minor = gpu.mig_minor(1, entry["mig_gi"], entry["mig_ci"])
+            assert f"/dev/nvidia-caps/nvidia-cap{ci_minor}" in paths
+
+            # A placement overlapping the instance: refused, nothing created or written.
+            o = allocated_claim("m-2", ("gpu-1-mig-1g-10gb-5", "9728Mi", "0"))
+            node.api.add_claim(o)
+            refused = (await node.kubelet.prepare(DRIVER, ref(o)))["m-2"].error
+            assert "1g.10gb at placement start=5 size=1 is taken" in refused, refused
+            assert "3g.40gb instance at start=4 size=4" in refused, refused
+            assert gpu.mig_state(card) == made and set(checkpoint(node)) == {"m-1"}
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-2.json").exists()
+
+            # A repeat, and a prepare after the spec was lost: the same instance adopted.
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").unlink()
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            assert gpu.mig_state(card) == made and spec_of(node, "m-1") == spec
+
+            await restarted(node)
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            assert gpu.mig_state(card) == made
+            node.api.remove_claim("ml", "claim-m-1")
+            assert not (await node.kubelet.unprepare(DRIVER, ref(c)))["m-1"].error
+            gone = gpu.mig_state(card)
+            assert (gone["gi"], gone["ci"]) == ([], []), gone
+            assert checkpoint(node) == {}
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").exists()
+            assert not list((node.plugin.state_dir / "mig").glob("*.json"))
 
     run(body)
