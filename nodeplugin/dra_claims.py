@@ -83,14 +83,63 @@ class ClaimDevice:
     mig_ci: int | None = None
 
 
+def base_request(ref: str) -> str:
+    """A result's request as a container names it: a prioritized list's subrequest
+    (``gpu/a100``) counts as its request (``gpu``), as the kubelet strips it
+    (``resourceclaim.BaseRequestRef``)."""
+    return ref.split("/", 1)[0]
+
+
+def request_plan_names(claim_plan_name: str, devices: Sequence[ClaimDevice]) -> dict[str, str]:
+    """The CDI device (and region) name of each request of a claim, in the results' order: the
+    claim's own name when it has one request, else one name per request, so that a container
+    naming one request gets that request's devices and limits only (docs/dra.md, *Containers
+    and requests*)."""
+    requests = list(dict.fromkeys(base_request(d.request) for d in devices))
+    if len(requests) == 1:
+        return {requests[0]: claim_plan_name}
+    return {r: f"{claim_plan_name}-{r}" for r in requests}
+
+
+def split_by_request(
+    plan: edits.ContainerPlan, devices: Sequence[ClaimDevice]
+) -> list[edits.ContainerPlan]:
+    """The claim's plan as one plan per request (:func:`request_plan_names`), each with its
+    request's devices in the results' order, so each request's first device is its ordinal 0."""
+    names = request_plan_names(plan.name, devices)
+    if len(names) == 1:
+        return [plan]
+    return [
+        dataclasses.replace(
+            plan,
+            name=name,
+            devices=tuple(
+                pd
+                for pd, cd in zip(plan.devices, devices, strict=True)
+                if base_request(cd.request) == request
+            ),
+        )
+        for request, name in names.items()
+    ]
+
+
 @dataclass(frozen=True)
 class PreparedClaim:
     uid: str
     namespace: str
     name: str
-    plan_name: str  # the CDI device name and region directory
-    cdi_id: str
+    plan_name: str  # the claim's CDI device name; a request's is derived from it
+    cdi_id: str  # <kind>=<plan_name>
     devices: tuple[ClaimDevice, ...]
+
+    def plan_names(self) -> dict[str, str]:
+        """The CDI device names this claim's specs have on disk, by request."""
+        return request_plan_names(self.plan_name, self.devices)
+
+    def cdi_ids(self) -> dict[str, str]:
+        """The CDI ID of each request's spec."""
+        kind = self.cdi_id.partition("=")[0]
+        return {r: f"{kind}={name}" for r, name in self.plan_names().items()}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -433,7 +482,8 @@ class ClaimPreparer:
         prepared = PreparedClaim(uid, ns, name, plan.name, cdi_id, devices)
         if self.store.get(uid) != prepared:
             self.store.put(prepared)
-        self.writer.write(plan)
+        for request_plan in split_by_request(plan, devices):
+            self.writer.write(request_plan)
         return prepared
 
     def unprepare(self, uid: str) -> None:
@@ -444,7 +494,8 @@ class ClaimPreparer:
         prepared = self.store.get(uid)
         if prepared is None:
             return
-        self.writer.remove(prepared.plan_name)
+        for name in prepared.plan_names().values():
+            self.writer.remove(name)
         if self.mig is not None and any(d.mode == MIG for d in prepared.devices):
             for owned in self.mig.owned():
                 if owned.digest != prepared.plan_name:

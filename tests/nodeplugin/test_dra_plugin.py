@@ -20,7 +20,7 @@ from nodeplugin.dra_slices import DRIVER, UNHEALTHY_TAINT
 from nodeplugin.pb import dra, reg
 from tests.nodeplugin.conftest import eventually, run
 from tests.nodeplugin.harness.controlplane import FakeControlPlane
-from tests.nodeplugin.harness.dra import FakeDraKubelet, FakeKubeApi
+from tests.nodeplugin.harness.dra import FakeDraKubelet, FakeKubeApi, container_cdi_ids
 from tests.nodeplugin.harness.gpu import GpuNode, cards
 from tests.nodeplugin.harness.kubelet import FakeKubelet
 from tests.nodeplugin.harness.plugin import NODE, PluginProcess
@@ -125,6 +125,32 @@ def test_the_answer_gives_the_cdi_id_once_and_every_result_its_share() -> None:
     assert list(first.cdi_device_ids) == ["tessera.io/gpu=claim-u-1"]
     assert first.share_id == "s-0"
     assert list(second.cdi_device_ids) == [] and not second.HasField("share_id")
+
+
+def test_the_answer_gives_each_requests_cdi_id_on_its_first_device() -> None:
+    def device(request: str, name: str) -> ClaimDevice:
+        return ClaimDevice(request, NODE, name, None, f"GPU-{name}", "shared", 1024, 0)
+
+    prepared = PreparedClaim(
+        "u-2",
+        "ml",
+        "c",
+        "claim-u-2",
+        "tessera.io/gpu=claim-u-2",
+        (device("a", "gpu-0"), device("b/x", "gpu-1"), device("b/x", "gpu-2")),
+    )
+    answer = prepare_answer(prepared)
+    assert [list(d.request_names) for d in answer.devices] == [["a"], ["b"], ["b"]]
+    assert [list(d.cdi_device_ids) for d in answer.devices] == [
+        ["tessera.io/gpu=claim-u-2-a"],
+        ["tessera.io/gpu=claim-u-2-b"],
+        [],
+    ]
+    assert container_cdi_ids(answer, "b") == ["tessera.io/gpu=claim-u-2-b"]
+    assert container_cdi_ids(answer, "") == [
+        "tessera.io/gpu=claim-u-2-a",
+        "tessera.io/gpu=claim-u-2-b",
+    ]
 
 
 # -- the plugin process --------------------------------------------------------------------
@@ -567,5 +593,53 @@ def test_a_mig_claim_gets_its_instance_at_prepare_once_and_loses_it_at_unprepare
             assert checkpoint(node) == {}
             assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").exists()
             assert not list((node.plugin.state_dir / "mig").glob("*.json"))
+
+    run(body)
+
+
+def test_a_container_naming_one_request_of_a_claim_gets_that_requests_devices_only(
+    short_tmp: Path,
+) -> None:
+    """A claim of two requests: one spec per request, each with its own devices and limits from
+    ordinal 0, so a container naming only the later request gets its card and nothing of the
+    first; a prioritized list's subrequest counts as its request; unprepare removes both."""
+
+    async def body() -> None:
+        async with dra_node(short_tmp) as node:
+            await eventually(lambda: f"{NODE}-{DRIVER}" in node.api.slices, what="the slice")
+            c = allocated_claim("r-1", ("gpu-0", "2Gi", "10"), ("gpu-1", "8Gi", "40"))
+            results = c["status"]["allocation"]["devices"]["results"]
+            results[0]["request"], results[1]["request"] = "small", "big/a100"
+            node.api.add_claim(c)
+            answer = (await node.kubelet.prepare(DRIVER, ref(c)))["r-1"]
+            assert not answer.error, answer.error
+            assert [list(d.request_names) for d in answer.devices] == [["small"], ["big"]]
+            big = container_cdi_ids(answer, "big")
+            small = container_cdi_ids(answer, "small")
+            assert big == ["tessera.io/gpu=claim-r-1-big"], big
+            assert small == ["tessera.io/gpu=claim-r-1-small"], small
+
+            def env_for(cdi_id: str) -> dict[str, str]:
+                return env_of(spec_of(node, "r-1-" + cdi_id.rpartition("-")[2]))
+
+            env = env_for(big[0])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == node.uuids[1], env
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "8192", env
+            assert env["TESSERA_DEVICE_CORE_LIMIT_0"] == "40", env
+            assert "TESSERA_DEVICE_MEMORY_LIMIT_1" not in env
+            env = env_for(small[0])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == node.uuids[0], env
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "2048", env
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-r-1.json").exists()
+            assert set(checkpoint(node)) == {"r-1"}
+
+            # One request's spec lost: the repeat writes it again, the answer unchanged.
+            (node.plugin.cdi_dir / "tessera.io_gpu-claim-r-1-big.json").unlink()
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["r-1"] == answer
+            assert env_of(spec_of(node, "r-1-big"))["NVIDIA_VISIBLE_DEVICES"] == node.uuids[1]
+
+            assert not (await node.kubelet.unprepare(DRIVER, ref(c)))["r-1"].error
+            assert not list(node.plugin.cdi_dir.glob("tessera.io_gpu-claim-r-1*"))
+            assert checkpoint(node) == {}
 
     run(body)
