@@ -141,12 +141,23 @@ class DraNode:
             await self.health_changed().wait()
             self.publisher.kick()
 
+    async def _follow_mig(self, stopping: asyncio.Event) -> None:
+        """A MIG card whose placements could not be read (MIG waiting for a GPU reset, NVML
+        failing for a moment) is asked again every heartbeat, not only at the next change."""
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.s.heartbeat_s)
+            modes, _ = self.state()
+            if any(m == MIG and u not in self.mig_layouts for u, m in modes.items()):
+                await self._refresh()
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Until ``stopping``: keep the sockets served and the slices published."""
         tasks = [
             asyncio.create_task(self.server.watch(stopping, self.s.kubelet_poll_s)),
             asyncio.create_task(self._publish(stopping)),
             asyncio.create_task(self._follow_health(stopping)),
+            asyncio.create_task(self._follow_mig(stopping)),
         ]
         await stopping.wait()
         for t in tasks:

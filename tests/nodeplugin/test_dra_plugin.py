@@ -198,11 +198,15 @@ async def dra_node(
     n_cards: int = 2,
     modes: dict[int, str] | None = None,
     mig_capable: tuple[int, ...] = (),
+    failing: tuple[tuple[int, str], ...] = (),
     **env: str,
 ) -> AsyncIterator[DraNode]:
     """``modes``: the control plane's card modes from the first inventory answer, by index;
-    ``mig_capable``: the cards (by index) the fake NVML gives the A100 80GB's MIG geometry."""
+    ``mig_capable``: the cards (by index) the fake NVML gives the A100 80GB's MIG geometry;
+    ``failing``: (card index, NVML query) that fail from the start (``GpuNode.fail``)."""
     gpu = GpuNode(root, [replace(c, mig=i in mig_capable) for i, c in enumerate(cards(n_cards))])
+    for index, call in failing:
+        gpu.fail(gpu.cards[index].uuid, call)
     plane = FakeControlPlane()
     if modes:
         plane.modes = {gpu.cards[i].uuid: m for i, m in modes.items()}
@@ -641,5 +645,31 @@ def test_a_container_naming_one_request_of_a_claim_gets_that_requests_devices_on
             assert not (await node.kubelet.unprepare(DRIVER, ref(c)))["r-1"].error
             assert not list(node.plugin.cdi_dir.glob("tessera.io_gpu-claim-r-1*"))
             assert checkpoint(node) == {}
+
+    run(body)
+
+
+def test_a_mig_card_whose_placements_nvml_cannot_give_yet_is_asked_again(short_tmp: Path) -> None:
+    """NVML failing to list a MIG card's placements: the card offers nothing while the other
+    card is published, and once NVML answers its placements come within a few heartbeats,
+    with no change of the card modes to prompt them."""
+
+    async def body() -> None:
+        async with dra_node(
+            short_tmp, modes={1: "mig"}, mig_capable=(1,), failing=((1, "placements"),)
+        ) as node:
+            name, counters = f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: name in node.api.slices, timeout=10, what="the slice")
+            await eventually(
+                lambda: node.gpu.mig_state(node.uuids[1])["mode"] == (1, 1), what="MIG on"
+            )
+            with node.api.lock:
+                devices = [d["name"] for d in node.api.slices[name]["spec"]["devices"]]
+            assert devices == ["gpu-0"] and counters not in node.api.slices
+            node.gpu.fail(node.uuids[1], "placements", on=False)
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            with node.api.lock:
+                devices = [d["name"] for d in node.api.slices[name]["spec"]["devices"]]
+            assert "gpu-1-mig-7g-80gb-0" in devices and len(devices) == 26
 
     run(body)
