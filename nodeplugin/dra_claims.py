@@ -445,7 +445,7 @@ class ClaimPreparer:
             try:
                 inst, created = mig.ensure(pd.card.uuid, pd.mig, record)
                 if inst.ci is None:
-                    raise MigError(f"card {pd.card.uuid}: MIG instance {inst.gi} has no compute")
+                    raise MigError(f"MIG GPU instance {inst.gi} has no compute instance")
                 gi_minor, ci_minor = cap_minors(self.proc_root, pd.card.minor, inst.gi, inst.ci)
             except MigError as exc:
                 raise ClaimError(f"{where}: {exc}") from None
@@ -497,9 +497,7 @@ class ClaimPreparer:
         for name in prepared.plan_names().values():
             self.writer.remove(name)
         if self.mig is not None and any(d.mode == MIG for d in prepared.devices):
-            for owned in self.mig.owned():
-                if owned.digest != prepared.plan_name:
-                    continue
+            for owned in self._owned(prepared.plan_name):
                 try:
                     self.mig.release(owned)
                 except MigError as exc:

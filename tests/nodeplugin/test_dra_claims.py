@@ -297,7 +297,7 @@ def test_an_unreadable_checkpoint_stops_the_plugin_with_the_fix(tmp_path: Path) 
 def test_a_checkpoint_entry_without_mig_fields_loads_as_a_claim_without_mig(
     tmp_path: Path,
 ) -> None:
-    """Entries written before devices carried a MIG instance read back unchanged."""
+    """An entry whose devices lack the MIG fields reads back as a claim without MIG devices."""
     done = preparer(tmp_path).prepare(claim(result("gpu-1")), node())
     path = tmp_path / "state" / "dra" / "claims.json"
     data = json.loads(path.read_text())

@@ -581,7 +581,7 @@ def test_a_mig_claim_gets_its_instance_at_prepare_once_and_loses_it_at_unprepare
             assert gpu.mig_state(card) == made and set(checkpoint(node)) == {"m-1"}
             assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-2.json").exists()
 
-            # A repeat, and a prepare after the spec was lost: the same instance adopted.
+            # A repeat, and a prepare whose spec is gone: the same instance adopted.
             assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
             (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").unlink()
             assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
