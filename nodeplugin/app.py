@@ -180,6 +180,7 @@ class Plugin:
                 lambda: (self.modes, self.registry.health),
                 self.registry.changed,
                 NodeVersions(*self.nvml.versions()),
+                self.mig,
             )
 
     # -- gRPC server -----------------------------------------------------------------------

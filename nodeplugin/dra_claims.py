@@ -12,7 +12,9 @@ checkpointed on disk, and both calls are idempotent (docs/dra.md, *Prepare and u
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,8 +39,11 @@ from nodeplugin.dra_slices import (
     card_device_name,
     mig_device_name,
 )
+from nodeplugin.mig import Mig, MigError, MigInstance, Owned, cap_minors
 from nodeplugin.store import atomic_write
 from nodeplugin.writer import Writer
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -72,6 +77,50 @@ class ClaimDevice:
     mode: str
     memory_mib: int
     cores: int
+    # A MIG device: the instance prepare created (or adopted) for it; unprepare destroys it.
+    mig_uuid: str = ""
+    mig_gi: int | None = None
+    mig_ci: int | None = None
+
+
+def base_request(ref: str) -> str:
+    """A result's request as a container names it: a prioritized list's subrequest
+    (``gpu/a100``) counts as its request (``gpu``), as the kubelet strips it
+    (``resourceclaim.BaseRequestRef``)."""
+    return ref.split("/", 1)[0]
+
+
+def request_plan_names(claim_plan_name: str, devices: Sequence[ClaimDevice]) -> dict[str, str]:
+    """The CDI device (and region) name of each request of a claim, in the results' order: the
+    claim's own name when it has one request, else one name per request, so that a container
+    naming one request gets that request's devices and limits only (docs/dra.md, *Containers
+    and requests*)."""
+    requests = list(dict.fromkeys(base_request(d.request) for d in devices))
+    if len(requests) == 1:
+        return {requests[0]: claim_plan_name}
+    return {r: f"{claim_plan_name}-{r}" for r in requests}
+
+
+def split_by_request(
+    plan: edits.ContainerPlan, devices: Sequence[ClaimDevice]
+) -> list[edits.ContainerPlan]:
+    """The claim's plan as one plan per request (:func:`request_plan_names`), each with its
+    request's devices in the results' order, so each request's first device is its ordinal 0."""
+    names = request_plan_names(plan.name, devices)
+    if len(names) == 1:
+        return [plan]
+    return [
+        dataclasses.replace(
+            plan,
+            name=name,
+            devices=tuple(
+                pd
+                for pd, cd in zip(plan.devices, devices, strict=True)
+                if base_request(cd.request) == request
+            ),
+        )
+        for request, name in names.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -79,9 +128,18 @@ class PreparedClaim:
     uid: str
     namespace: str
     name: str
-    plan_name: str  # the CDI device name and region directory
-    cdi_id: str
+    plan_name: str  # the claim's CDI device name; a request's is derived from it
+    cdi_id: str  # <kind>=<plan_name>
     devices: tuple[ClaimDevice, ...]
+
+    def plan_names(self) -> dict[str, str]:
+        """The CDI device names this claim's specs have on disk, by request."""
+        return request_plan_names(self.plan_name, self.devices)
+
+    def cdi_ids(self) -> dict[str, str]:
+        """The CDI ID of each request's spec."""
+        kind = self.cdi_id.partition("=")[0]
+        return {r: f"{kind}={name}" for r, name in self.plan_names().items()}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -293,11 +351,20 @@ class ClaimStore:
 
 class ClaimPreparer:
     """Prepare and unprepare of claims: the spec and region through the device plugin's
-    writer, the record through the checkpoint."""
+    writer, MIG instances through :class:`~nodeplugin.mig.Mig` (the one owner of MIG's NVML
+    calls, shared with the device plugin mode), the record through the checkpoint."""
 
-    def __init__(self, writer: Writer, store: ClaimStore) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        store: ClaimStore,
+        mig: Mig | None = None,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
         self.writer = writer
         self.store = store
+        self.mig = mig
+        self.proc_root = proc_root  # the driver's nvidia-caps minors, for a MIG device's nodes
 
     def _check_free(self, uid: str, devices: Sequence[ClaimDevice], cards: Sequence[Card]) -> None:
         """The last line of defence against two unrelated claims on one device: the scheduler
@@ -319,27 +386,120 @@ class ClaimPreparer:
                     f"{memory.get(d.card, 0)} MiB already prepared for other claims"
                 )
 
+    def _owned(self, name: str) -> list[Owned]:
+        return [o for o in self.mig.owned() if o.digest == name] if self.mig else []
+
+    def _check_placements(self, plan: edits.ContainerPlan, devices: Sequence[ClaimDevice]) -> None:
+        """A MIG placement overlapping any instance on its card is refused, unless that
+        instance is exactly the one this claim's earlier prepare created (a repeat, a restart):
+        an instance of another claim, of the device plugin mode or of an operator is never
+        adopted. Only reads, so a refused claim leaves nothing behind."""
+        ours = {(o.card, o.start, o.size, o.gi) for o in self._owned(plan.name)}
+        for pd, cd in zip(plan.devices, devices, strict=True):
+            want = pd.mig
+            if pd.mode != MIG or want is None:
+                continue
+            if self.mig is None:
+                raise ClaimError(f"device {cd.device}: this plugin runs without MIG support")
+            try:
+                found = self.mig.instances(pd.card.uuid)
+            except MigError as exc:
+                raise ClaimError(f"device {cd.device}: {exc}") from None
+            for inst in found:
+                if inst.start >= want.start + want.size or want.start >= inst.start + inst.size:
+                    continue
+                placed = (inst.profile, inst.start, inst.size)
+                mine = (pd.card.uuid, inst.start, inst.size, inst.gi) in ours
+                if mine and placed == (want.profile, want.start, want.size):
+                    continue
+                raise ClaimError(
+                    f"device {cd.device}: MIG {want.profile} at placement start={want.start} "
+                    f"size={want.size} is taken on card {pd.card.uuid} by a {inst.profile} "
+                    f"instance at start={inst.start} size={inst.size} (GPU instance {inst.gi}) "
+                    "that this claim did not create"
+                )
+
+    def _give_mig(
+        self, plan: edits.ContainerPlan, devices: tuple[ClaimDevice, ...]
+    ) -> tuple[edits.ContainerPlan, tuple[ClaimDevice, ...]]:
+        """Each MIG device's GPU and compute instance, created at its placement (recorded as
+        this claim's under the MIG lock, so a crash right after cannot leak it), or the one
+        this claim created before adopted; the spec then names that instance."""
+        if not any(d.mode == MIG for d in plan.devices):
+            return plan, devices
+        if self.mig is None:
+            raise ClaimError(f"claim plan {plan.name}: this plugin runs without MIG support")
+        mig = self.mig
+        plan_devices: list[edits.PlanDevice] = []
+        claim_devices: list[ClaimDevice] = []
+        for pd, cd in zip(plan.devices, devices, strict=True):
+            if pd.mode != MIG or pd.mig is None:
+                plan_devices.append(pd)
+                claim_devices.append(cd)
+                continue
+            where = f"device {cd.device}"
+
+            def record(inst: MigInstance) -> None:
+                mig.record(Owned.of(inst, plan.name, plan.pod_uid, ""))
+
+            try:
+                inst, created = mig.ensure(pd.card.uuid, pd.mig, record)
+                if inst.ci is None:
+                    raise MigError(f"MIG GPU instance {inst.gi} has no compute instance")
+                gi_minor, ci_minor = cap_minors(self.proc_root, pd.card.minor, inst.gi, inst.ci)
+            except MigError as exc:
+                raise ClaimError(f"{where}: {exc}") from None
+            if created:
+                log.info("MIG %s created for %s: %s", where, plan.name, inst.uuid)
+            plan_devices.append(
+                dataclasses.replace(pd, mig_device=edits.MigDevice(inst.uuid, gi_minor, ci_minor))
+            )
+            claim_devices.append(
+                dataclasses.replace(cd, mig_uuid=inst.uuid, mig_gi=inst.gi, mig_ci=inst.ci)
+            )
+        return dataclasses.replace(plan, devices=tuple(plan_devices)), tuple(claim_devices)
+
     def prepare(self, claim: Mapping[str, Any], published: Published) -> PreparedClaim:
-        """Idempotent: a claim prepared before keeps its one checkpoint entry; its spec is
-        written again only when missing (the writer skips an identical rewrite), e.g. after a
-        reboot emptied the CDI directory. The checkpoint comes first, so whatever is on disk
-        for a claim is in it, and an unprepare in another process finds it."""
+        """Idempotent: a claim prepared before keeps its one checkpoint entry and its MIG
+        instances; its spec is written again only when missing (the writer skips an identical
+        rewrite), e.g. after a reboot emptied the CDI directory. The checkpoint comes first,
+        so whatever is on disk or in NVML for a claim is in it, and an unprepare in another
+        process finds it."""
         plan, devices = claim_plan(claim, published)
         uid, ns, name = _meta(claim)
         self._check_free(uid, devices, published.cards)
-        prepared = PreparedClaim(
-            uid, ns, name, plan.name, f"{self.writer.cdi_kind}={plan.name}", devices
-        )
+        cdi_id = f"{self.writer.cdi_kind}={plan.name}"
+        self._check_placements(plan, devices)
+        new = self.store.get(uid) is None
+        if new:
+            self.store.put(PreparedClaim(uid, ns, name, plan.name, cdi_id, devices))
+        try:
+            plan, devices = self._give_mig(plan, devices)
+        except ClaimError:
+            if new and not self._owned(plan.name):
+                self.store.remove(uid)  # NVML refused before making anything: nothing to undo
+            raise
+        prepared = PreparedClaim(uid, ns, name, plan.name, cdi_id, devices)
         if self.store.get(uid) != prepared:
             self.store.put(prepared)
-        self.writer.write(plan)
+        for request_plan in split_by_request(plan, devices):
+            self.writer.write(request_plan)
         return prepared
 
     def unprepare(self, uid: str) -> None:
-        """Removes the claim's spec and region, then its checkpoint entry; a claim not
-        prepared (or unprepared already) is not an error."""
+        """Removes the claim's spec and region, destroys the MIG instances prepare created for
+        it, then removes its checkpoint entry; a claim not prepared (or unprepared already) is
+        not an error. An instance NVML does not let go keeps the entry, so the kubelet's retry
+        tries again."""
         prepared = self.store.get(uid)
         if prepared is None:
             return
-        self.writer.remove(prepared.plan_name)
+        for name in prepared.plan_names().values():
+            self.writer.remove(name)
+        if self.mig is not None and any(d.mode == MIG for d in prepared.devices):
+            for owned in self._owned(prepared.plan_name):
+                try:
+                    self.mig.release(owned)
+                except MigError as exc:
+                    raise ClaimError(f"claim {uid}: {exc}") from None
         self.store.remove(uid)

@@ -29,7 +29,13 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from nodeplugin.dra_claims import ClaimError, ClaimPreparer, PreparedClaim, Published
+from nodeplugin.dra_claims import (
+    ClaimError,
+    ClaimPreparer,
+    PreparedClaim,
+    Published,
+    base_request,
+)
 from nodeplugin.dra_paths import (
     REGISTRATION_SOCKET,
     TOKEN_HEX,
@@ -60,17 +66,20 @@ class ClaimReader(Protocol):
 
 
 def prepare_answer(prepared: PreparedClaim) -> dra.NodePrepareResourceResponse:
-    """The kubelet's answer for a prepared claim: per allocation result, its request, pool,
-    device and share ID. The CDI ID goes on the first device only: the kubelet gives a
-    container the CDI IDs of every device of the requests it references, repeats included, and
-    one spec holds the whole claim."""
+    """The kubelet's answer for a prepared claim: per allocation result, its request (a
+    subrequest counted as its request), pool, device and share ID. Each request's CDI ID goes on
+    that request's first device only: the kubelet gives a container the CDI IDs of every device
+    of the requests it names (all of them when it names the whole claim), repeats included, and
+    one spec holds a request's devices (docs/dra.md, *Containers and requests*)."""
     out = dra.NodePrepareResourceResponse()
-    for i, d in enumerate(prepared.devices):
+    ids = prepared.cdi_ids()
+    for d in prepared.devices:
+        request = base_request(d.request)
         device = out.devices.add(
-            request_names=[d.request],
+            request_names=[request],
             pool_name=d.pool,
             device_name=d.device,
-            cdi_device_ids=[prepared.cdi_id] if i == 0 else [],
+            cdi_device_ids=[ids.pop(request)] if request in ids else [],
         )
         if d.share_id is not None:
             device.share_id = d.share_id
@@ -94,7 +103,9 @@ class DraServicer:
 
     async def _prepared(self, claim: dra.Claim) -> PreparedClaim:
         done = self.preparer.store.get(claim.uid)
-        if done is not None and self.preparer.writer.cdi_path(done.plan_name).exists():
+        if done is not None and all(
+            self.preparer.writer.cdi_path(name).exists() for name in done.plan_names().values()
+        ):
             return done  # prepared before (this process or another): answered as then
         obj = await self.claims.get_resource_claim(claim.namespace, claim.name)
         if obj is None:
@@ -128,7 +139,7 @@ class DraServicer:
             async with self._lock:
                 known = self.preparer.store.get(claim.uid) is not None
                 await asyncio.to_thread(self.preparer.unprepare, claim.uid)
-        except OSError as exc:
+        except (ClaimError, OSError) as exc:
             log.warning("unprepare %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, exc)
             return dra.NodeUnprepareResourceResponse(error=str(exc))
         if known:

@@ -27,6 +27,7 @@ from typing import Any
 import pynvml
 
 from nodeplugin.allocation import MigPlacement
+from nodeplugin.dra_slices import MigLayout, MigOffer
 from nodeplugin.store import atomic_write
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ CAPABILITIES = Path("driver/nvidia/capabilities")
 GI_PROFILE_COUNT = 0x12
 CI_PROFILE_COUNT = 0x9
 CI_ENGINE_SHARED = 0
+# A profile has at most one placement per memory slice, and a card at most this many slices
+# (the most counters DRA's counter set holds, docs/dra.md).
+MAX_PLACEMENTS = 32
 _PROFILE_NAME = re.compile(r"^(MIG\s+)?(?P<name>\S+)$")
 
 
@@ -81,6 +85,12 @@ class Owned:
     digest: str
     pod_uid: str
     container: str
+
+    @classmethod
+    def of(cls, inst: MigInstance, digest: str, pod_uid: str, container: str) -> Owned:
+        """The record of ``inst``, created for ``digest`` (an allocation's or a claim's plan)."""
+        fields = {**asdict(inst), "ci": inst.ci if inst.ci is not None else 0}
+        return cls(**fields, digest=digest, pod_uid=pod_uid, container=container)
 
 
 def _err(exc: pynvml.NVMLError) -> str:
@@ -129,6 +139,7 @@ class _Profile:
     name: str
     slices: int  # compute slices
     instances: int  # most instances of it on one card
+    memory_mib: int
 
 
 class Mig:
@@ -197,11 +208,46 @@ class Mig:
                 continue
             name = m.group("name")
             table[name] = _Profile(
-                index, int(info.id), name, int(info.sliceCount), int(info.instanceCount)
+                index,
+                int(info.id),
+                name,
+                int(info.sliceCount),
+                int(info.instanceCount),
+                int(info.memorySizeMB),
             )
         if table:  # an empty answer may be a passing NVML error: ask again next time
             self._profiles[card] = table
         return table
+
+    def layout(self, card: str) -> MigLayout | None:
+        """Every placement of every profile the card offers, as DRA mode publishes them; None
+        while MIG is not on (NVML gives no placements then). The card's memory slices are the
+        span of its placements: the whole-card profile covers them all."""
+        with self._lock:
+            if not self._status(card).enabled:
+                return None
+            h = self.handles[card]
+            offers: list[MigOffer] = []
+            for prof in self._profile_table(card).values():
+                # Not the instance count: a profile may have more starts than instances.
+                arr = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
+                count = ctypes.c_uint(MAX_PLACEMENTS)
+                try:
+                    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+                        h, prof.id, arr, ctypes.byref(count)
+                    )
+                except pynvml.NVMLError as exc:
+                    raise MigError(
+                        f"card {card}: reading the placements of MIG {prof.name} failed: "
+                        f"{_err(exc)}"
+                    ) from None
+                offers += [
+                    MigOffer(prof.name, int(arr[k].start), int(arr[k].size), prof.memory_mib)
+                    for k in range(count.value)
+                ]
+            if not offers:
+                return None  # an empty answer may be a passing NVML error: ask again
+            return MigLayout(max(o.start + o.size for o in offers), tuple(offers))
 
     def instances(self, card: str) -> list[MigInstance]:
         with self._lock:

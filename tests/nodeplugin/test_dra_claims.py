@@ -292,3 +292,31 @@ def test_an_unreadable_checkpoint_stops_the_plugin_with_the_fix(tmp_path: Path) 
     path.write_text("{not json")
     with pytest.raises(CheckpointError, match="remove the file"):
         ClaimStore(tmp_path / "state")
+
+
+def test_a_checkpoint_entry_without_mig_fields_loads_as_a_claim_without_mig(
+    tmp_path: Path,
+) -> None:
+    """An entry whose devices lack the MIG fields reads back as a claim without MIG devices."""
+    done = preparer(tmp_path).prepare(claim(result("gpu-1")), node())
+    path = tmp_path / "state" / "dra" / "claims.json"
+    data = json.loads(path.read_text())
+    for d in data["claims"]["u-1"]["devices"]:
+        for key in ("mig_uuid", "mig_gi", "mig_ci"):
+            del d[key]
+    path.write_text(json.dumps(data))
+    assert ClaimStore(tmp_path / "state").get("u-1") == done
+
+
+def test_a_claim_of_two_requests_is_one_spec_per_request(tmp_path: Path) -> None:
+    p = preparer(tmp_path)
+    c = claim(result("gpu-0", "2Gi", "10", request="a"), result("gpu-1", request="b/x"))
+    done = p.prepare(c, node())
+    assert done.plan_names() == {"a": "claim-u-1-a", "b": "claim-u-1-b"}
+    assert done.cdi_ids()["b"] == "tessera.io/gpu=claim-u-1-b"
+    a, b = (spec_env(p.writer.cdi_path(n)) for n in ("claim-u-1-a", "claim-u-1-b"))
+    assert (a["NVIDIA_VISIBLE_DEVICES"], a["TESSERA_DEVICE_MEMORY_LIMIT_0"]) == ("GPU-a", "2048")
+    assert (b["NVIDIA_VISIBLE_DEVICES"], b["TESSERA_DEVICE_MEMORY_LIMIT_0"]) == ("GPU-b", "8192")
+    assert not p.writer.cdi_path("claim-u-1").exists()
+    p.unprepare("u-1")
+    assert list((tmp_path / "cdi").iterdir()) == [] and p.store.all() == []

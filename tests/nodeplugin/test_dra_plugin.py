@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from nodeplugin.dra_slices import DRIVER, UNHEALTHY_TAINT
 from nodeplugin.pb import dra, reg
 from tests.nodeplugin.conftest import eventually, run
 from tests.nodeplugin.harness.controlplane import FakeControlPlane
-from tests.nodeplugin.harness.dra import FakeDraKubelet, FakeKubeApi
+from tests.nodeplugin.harness.dra import FakeDraKubelet, FakeKubeApi, container_cdi_ids
 from tests.nodeplugin.harness.gpu import GpuNode, cards
 from tests.nodeplugin.harness.kubelet import FakeKubelet
 from tests.nodeplugin.harness.plugin import NODE, PluginProcess
@@ -127,6 +127,32 @@ def test_the_answer_gives_the_cdi_id_once_and_every_result_its_share() -> None:
     assert list(second.cdi_device_ids) == [] and not second.HasField("share_id")
 
 
+def test_the_answer_gives_each_requests_cdi_id_on_its_first_device() -> None:
+    def device(request: str, name: str) -> ClaimDevice:
+        return ClaimDevice(request, NODE, name, None, f"GPU-{name}", "shared", 1024, 0)
+
+    prepared = PreparedClaim(
+        "u-2",
+        "ml",
+        "c",
+        "claim-u-2",
+        "tessera.io/gpu=claim-u-2",
+        (device("a", "gpu-0"), device("b/x", "gpu-1"), device("b/x", "gpu-2")),
+    )
+    answer = prepare_answer(prepared)
+    assert [list(d.request_names) for d in answer.devices] == [["a"], ["b"], ["b"]]
+    assert [list(d.cdi_device_ids) for d in answer.devices] == [
+        ["tessera.io/gpu=claim-u-2-a"],
+        ["tessera.io/gpu=claim-u-2-b"],
+        [],
+    ]
+    assert container_cdi_ids(answer, "b") == ["tessera.io/gpu=claim-u-2-b"]
+    assert container_cdi_ids(answer, "") == [
+        "tessera.io/gpu=claim-u-2-a",
+        "tessera.io/gpu=claim-u-2-b",
+    ]
+
+
 # -- the plugin process --------------------------------------------------------------------
 
 
@@ -152,12 +178,35 @@ class DraNode:
         )
 
 
+async def restarted(node: DraNode) -> None:
+    """The plugin restarted and registered again under its new endpoint."""
+    endpoint = node.kubelet.drivers[DRIVER].info.endpoint
+    node.restart_plugin()
+    await eventually(
+        lambda: (
+            DRIVER in node.kubelet.drivers
+            and node.kubelet.drivers[DRIVER].info.endpoint != endpoint
+        ),
+        timeout=15,
+        what="the new plugin registered",
+    )
+
+
 @contextlib.asynccontextmanager
 async def dra_node(
-    root: Path, n_cards: int = 2, modes: dict[int, str] | None = None, **env: str
+    root: Path,
+    n_cards: int = 2,
+    modes: dict[int, str] | None = None,
+    mig_capable: tuple[int, ...] = (),
+    failing: tuple[tuple[int, str], ...] = (),
+    **env: str,
 ) -> AsyncIterator[DraNode]:
-    """``modes``: the control plane's card modes from the first inventory answer, by index."""
-    gpu = GpuNode(root, cards(n_cards))
+    """``modes``: the control plane's card modes from the first inventory answer, by index;
+    ``mig_capable``: the cards (by index) the fake NVML gives the A100 80GB's MIG geometry;
+    ``failing``: (card index, NVML query) that fail from the start (``GpuNode.fail``)."""
+    gpu = GpuNode(root, [replace(c, mig=i in mig_capable) for i, c in enumerate(cards(n_cards))])
+    for index, call in failing:
+        gpu.fail(gpu.cards[index].uuid, call)
     plane = FakeControlPlane()
     if modes:
         plane.modes = {gpu.cards[i].uuid: m for i, m in modes.items()}
@@ -337,17 +386,8 @@ def test_a_restarted_plugin_keeps_every_claim_prepared_once(short_tmp: Path) -> 
                 node.api.add_claim(c)
             first = await node.kubelet.prepare(DRIVER, *(ref(c) for c in claims))
             assert all(not a.error for a in first.values()), first
-            endpoint = node.kubelet.drivers[DRIVER].info.endpoint
 
-            node.restart_plugin()
-            await eventually(
-                lambda: (
-                    DRIVER in node.kubelet.drivers
-                    and node.kubelet.drivers[DRIVER].info.endpoint != endpoint
-                ),
-                timeout=15,
-                what="the new plugin registered",
-            )
+            await restarted(node)
             # Answered from the checkpoint: the claim is not even read again.
             node.api.remove_claim("ml", "claim-u-0")
             again = await node.kubelet.prepare(DRIVER, *(ref(c) for c in claims))
@@ -438,5 +478,198 @@ def test_slices_wait_for_the_control_planes_card_modes(short_tmp: Path) -> None:
             assert len(created) == 1 and spec["pool"]["generation"] == 1
             assert spec["devices"][1]["attributes"]["mode"] == {"string": "exclusive"}
             assert "allowMultipleAllocations" not in spec["devices"][1]
+
+    run(body)
+
+
+def test_a_mig_card_offers_every_placement_nvml_gives_consuming_its_memory_slices(
+    short_tmp: Path,
+) -> None:
+    """A card the control plane has in MIG mode: the plugin turns MIG on and publishes one
+    device per profile placement NVML lists (the fake's A100 80GB: 25), each consuming the
+    counters of the memory slices it covers, beside the counter set in a slice of its own."""
+
+    async def body() -> None:
+        async with dra_node(short_tmp, modes={1: "mig"}, mig_capable=(1,)) as node:
+            counters = f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            with node.api.lock:
+                devices = json.loads(json.dumps(node.api.slices[f"{NODE}-{DRIVER}"]["spec"]))
+                sets = json.loads(json.dumps(node.api.slices[counters]["spec"]))
+            assert devices["pool"]["resourceSliceCount"] == sets["pool"]["resourceSliceCount"] == 2
+            assert devices["pool"]["generation"] == sets["pool"]["generation"]
+            (card_set,) = sets["sharedCounters"]
+            assert card_set["name"] == "gpu-1-slices"
+            assert card_set["counters"] == {f"memory-slice-{k}": {"value": "1"} for k in range(8)}
+            by_name = {d["name"]: d for d in devices["devices"]}
+            assert by_name["gpu-0"]["allowMultipleAllocations"] is True  # the shared card
+            mig = {n: d for n, d in by_name.items() if n.startswith("gpu-1-")}
+            assert "gpu-1" not in by_name
+            placements = {
+                (d["attributes"]["profile"]["string"], d["attributes"]["placementStart"]["int"])
+                for d in mig.values()
+            }
+            assert placements == {
+                *(("1g.10gb", s) for s in range(7)),
+                *(("1g.10gb+me", s) for s in range(7)),
+                *(("1g.20gb", s) for s in (0, 2, 4, 6)),
+                *(("2g.20gb", s) for s in (0, 2, 4)),
+                ("3g.40gb", 0),
+                ("3g.40gb", 4),
+                ("4g.40gb", 0),
+                ("7g.80gb", 0),
+            }
+            three = mig["gpu-1-mig-3g-40gb-4"]
+            assert three["capacity"] == {"memory": {"value": "40192Mi"}}
+            assert three["attributes"]["mode"] == {"string": "mig"}
+            assert three["attributes"]["uuid"] == {"string": node.uuids[1]}
+            assert three["attributes"]["placementSize"] == {"int": 4}
+            assert three["consumesCounters"] == [
+                {
+                    "counterSet": "gpu-1-slices",
+                    "counters": {f"memory-slice-{k}": {"value": "1"} for k in (4, 5, 6, 7)},
+                }
+            ]
+            assert "allowMultipleAllocations" not in three
+            whole = mig["gpu-1-mig-7g-80gb-0"]["consumesCounters"][0]["counters"]
+            assert set(whole) == {f"memory-slice-{k}" for k in range(8)}
+
+    run(body)
+
+
+def test_a_mig_claim_gets_its_instance_at_prepare_once_and_loses_it_at_unprepare(
+    short_tmp: Path,
+) -> None:
+    """A claim allocated a MIG placement: prepare creates the GPU and compute instance there
+    and the spec names that MIG device; a repeat, a lost spec and a restart never make a
+    second one; a claim whose placement overlaps it is refused with nothing created; unprepare
+    (after a restart, the claim gone) destroys it."""
+
+    async def body() -> None:
+        async with dra_node(
+            short_tmp,
+            modes={1: "mig"},
+            mig_capable=(1,),
+            TESSERA_PROC_ROOT=str(short_tmp / "proc"),  # the fake driver's nvidia-caps table
+        ) as node:
+            gpu, card = node.gpu, node.uuids[1]
+            counters = f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            c = allocated_claim("m-1", ("gpu-1-mig-3g-40gb-4", "40192Mi", "0"))
+            node.api.add_claim(c)
+            answer = (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"]
+            assert not answer.error, answer.error
+            assert [d.device_name for d in answer.devices] == ["gpu-1-mig-3g-40gb-4"]
+            made = gpu.mig_state(card)
+            assert [g[2:] for g in made["gi"]] == [(4, 4)] and len(made["ci"]) == 1
+            (entry,) = checkpoint(node)["m-1"]["devices"]
+            assert entry["mig_uuid"].startswith("MIG-") and entry["mig_gi"] == made["gi"][0][0]
+            spec = spec_of(node, "m-1")
+            assert env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == entry["mig_uuid"]
+            assert "TESSERA_DEVICE_MEMORY_LIMIT_0" not in env_of(spec)  # MIG holds itself
+            paths = {d["path"] for d in spec["devices"][0]["containerEdits"]["deviceNodes"]}
+            assert f"/dev/nvidia-caps/nvidia-cap{gpu.mig_minor(1, entry['mig_gi'])}" in paths
+            ci_minor = gpu.mig_minor(1, entry["mig_gi"], entry["mig_ci"])
+            assert f"/dev/nvidia-caps/nvidia-cap{ci_minor}" in paths
+
+            # A placement overlapping the instance: refused, nothing created or written.
+            o = allocated_claim("m-2", ("gpu-1-mig-1g-10gb-5", "9728Mi", "0"))
+            node.api.add_claim(o)
+            refused = (await node.kubelet.prepare(DRIVER, ref(o)))["m-2"].error
+            assert "1g.10gb at placement start=5 size=1 is taken" in refused, refused
+            assert "3g.40gb instance at start=4 size=4" in refused, refused
+            assert gpu.mig_state(card) == made and set(checkpoint(node)) == {"m-1"}
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-2.json").exists()
+
+            # A repeat, and a prepare whose spec is gone: the same instance adopted.
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").unlink()
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            assert gpu.mig_state(card) == made and spec_of(node, "m-1") == spec
+
+            await restarted(node)
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["m-1"] == answer
+            assert gpu.mig_state(card) == made
+            node.api.remove_claim("ml", "claim-m-1")
+            assert not (await node.kubelet.unprepare(DRIVER, ref(c)))["m-1"].error
+            gone = gpu.mig_state(card)
+            assert (gone["gi"], gone["ci"]) == ([], []), gone
+            assert checkpoint(node) == {}
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-m-1.json").exists()
+            assert not list((node.plugin.state_dir / "mig").glob("*.json"))
+
+    run(body)
+
+
+def test_a_container_naming_one_request_of_a_claim_gets_that_requests_devices_only(
+    short_tmp: Path,
+) -> None:
+    """A claim of two requests: one spec per request, each with its own devices and limits from
+    ordinal 0, so a container naming only the later request gets its card and nothing of the
+    first; a prioritized list's subrequest counts as its request; unprepare removes both."""
+
+    async def body() -> None:
+        async with dra_node(short_tmp) as node:
+            await eventually(lambda: f"{NODE}-{DRIVER}" in node.api.slices, what="the slice")
+            c = allocated_claim("r-1", ("gpu-0", "2Gi", "10"), ("gpu-1", "8Gi", "40"))
+            results = c["status"]["allocation"]["devices"]["results"]
+            results[0]["request"], results[1]["request"] = "small", "big/a100"
+            node.api.add_claim(c)
+            answer = (await node.kubelet.prepare(DRIVER, ref(c)))["r-1"]
+            assert not answer.error, answer.error
+            assert [list(d.request_names) for d in answer.devices] == [["small"], ["big"]]
+            big = container_cdi_ids(answer, "big")
+            small = container_cdi_ids(answer, "small")
+            assert big == ["tessera.io/gpu=claim-r-1-big"], big
+            assert small == ["tessera.io/gpu=claim-r-1-small"], small
+
+            def env_for(cdi_id: str) -> dict[str, str]:
+                return env_of(spec_of(node, "r-1-" + cdi_id.rpartition("-")[2]))
+
+            env = env_for(big[0])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == node.uuids[1], env
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "8192", env
+            assert env["TESSERA_DEVICE_CORE_LIMIT_0"] == "40", env
+            assert "TESSERA_DEVICE_MEMORY_LIMIT_1" not in env
+            env = env_for(small[0])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == node.uuids[0], env
+            assert env["TESSERA_DEVICE_MEMORY_LIMIT_0"] == "2048", env
+            assert not (node.plugin.cdi_dir / "tessera.io_gpu-claim-r-1.json").exists()
+            assert set(checkpoint(node)) == {"r-1"}
+
+            # One request's spec lost: the repeat writes it again, the answer unchanged.
+            (node.plugin.cdi_dir / "tessera.io_gpu-claim-r-1-big.json").unlink()
+            assert (await node.kubelet.prepare(DRIVER, ref(c)))["r-1"] == answer
+            assert env_of(spec_of(node, "r-1-big"))["NVIDIA_VISIBLE_DEVICES"] == node.uuids[1]
+
+            assert not (await node.kubelet.unprepare(DRIVER, ref(c)))["r-1"].error
+            assert not list(node.plugin.cdi_dir.glob("tessera.io_gpu-claim-r-1*"))
+            assert checkpoint(node) == {}
+
+    run(body)
+
+
+def test_a_mig_card_whose_placements_nvml_cannot_give_yet_is_asked_again(short_tmp: Path) -> None:
+    """NVML failing to list a MIG card's placements: the card offers nothing while the other
+    card is published, and once NVML answers its placements come within a few heartbeats,
+    with no change of the card modes to prompt them."""
+
+    async def body() -> None:
+        async with dra_node(
+            short_tmp, modes={1: "mig"}, mig_capable=(1,), failing=((1, "placements"),)
+        ) as node:
+            name, counters = f"{NODE}-{DRIVER}", f"{NODE}-{DRIVER}-counters"
+            await eventually(lambda: name in node.api.slices, timeout=10, what="the slice")
+            await eventually(
+                lambda: node.gpu.mig_state(node.uuids[1])["mode"] == (1, 1), what="MIG on"
+            )
+            with node.api.lock:
+                devices = [d["name"] for d in node.api.slices[name]["spec"]["devices"]]
+            assert devices == ["gpu-0"] and counters not in node.api.slices
+            node.gpu.fail(node.uuids[1], "placements", on=False)
+            await eventually(lambda: counters in node.api.slices, timeout=10, what="counters")
+            with node.api.lock:
+                devices = [d["name"] for d in node.api.slices[name]["spec"]["devices"]]
+            assert "gpu-1-mig-7g-80gb-0" in devices and len(devices) == 26
 
     run(body)

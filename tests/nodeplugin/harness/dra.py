@@ -166,6 +166,22 @@ class FakeDraKubelet:
         return dict(resp.claims)
 
 
+def container_cdi_ids(answer: dra.NodePrepareResourceResponse, *requests: str) -> list[str]:
+    """The CDI IDs the kubelet gives a container from a claim's prepare answer, as the pinned
+    kubelet's ``GetResources`` and ``cdiDevicesAsList`` do (``pkg/kubelet/cm/dra/manager.go``,
+    ``claiminfo.go``): for each request the container names in ``resources.claims`` (``""``:
+    it names the whole claim), in that order, every device's IDs, in the answer's order,
+    when the name is ``""``, the device names no request, or its request names contain it;
+    repeats are kept."""
+    out: list[str] = []
+    for request in requests:
+        for device in answer.devices:
+            names = list(device.request_names)
+            if request == "" or not names or request in names:
+                out += list(device.cdi_device_ids)
+    return out
+
+
 def _claims(refs: tuple[tuple[str, str, str], ...]) -> list[dra.Claim]:
     return [dra.Claim(namespace=ns, name=n, uid=u) for ns, n, u in refs]
 

@@ -18,7 +18,8 @@
  *                      procs/<uuid>  lines "<host pid> <sm %> <mem %>": the card's
  *                                    per-process utilisation samples (none -> NOT_FOUND)
  *                      fail/<uuid>.<call>  exists -> that query on that card fails with
- *                                    UNKNOWN; <call> is util, temp, power, memory or procs
+ *                                    UNKNOWN; <call> is util, temp, power, memory, procs
+ *                                    or placements (a MIG profile's possible placements)
  *
  * MIG (a card whose line has a 7th field "mig"): one geometry, A100/H100 80GB's: 7 compute
  * slices, 8 memory slices, the profiles and placements of NVIDIA's MIG user guide. Its state
@@ -785,7 +786,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsig
                                                            unsigned int *count)
 {
     const struct gi_profile *p;
-    nvmlReturn_t r = check(d);
+    nvmlReturn_t r = check_call(d, "placements");
     if (r != OK)
         return r;
     if (count == NULL)

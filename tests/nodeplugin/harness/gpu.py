@@ -184,7 +184,7 @@ class GpuNode:
         )
 
     def fail(self, uuid: str, call: str, on: bool = True) -> None:
-        """Make one query (util, temp, power, memory or procs) on one card fail."""
+        """Make one query (util, temp, power, memory, procs or placements) on one card fail."""
         flag = self.state / "fail" / f"{uuid}.{call}"
         flag.parent.mkdir(exist_ok=True)
         if on:
