@@ -25,7 +25,9 @@ MEMORY, COMPUTE, SLOTS = "memory", "compute", "slots"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 # The API's limits (k8s.io/api resource/v1 types.go).
 MAX_ATTRIBUTE_STRING = 64
-MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
+MAX_COUNTER_SETS = 8
 MAX_COUNTERS_PER_SET = 32
 STANDARD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 STANDARD_NUMA_NODE = "resource.kubernetes.io/numaNode"
@@ -74,8 +76,10 @@ def counter_set_name(card: Card) -> str:
     return f"gpu-{card.index}-slices"
 
 
-def slice_name(node: str, counters: bool = False) -> str:
-    return f"{node}-{DRIVER}" + ("-counters" if counters else "")
+def slice_name(node: str, counters: bool = False, part: int = 0) -> str:
+    """The name of one of the node's slices: the first of each kind keeps the plain name, a
+    pool too large for one slice goes on in ``-2``, ``-3``, ..."""
+    return f"{node}-{DRIVER}" + ("-counters" if counters else "") + (f"-{part + 1}" if part else "")
 
 
 def semver(text: str) -> str | None:
@@ -205,12 +209,12 @@ def _mig_devices(
 
 
 def _slice(
-    node: str, generation: int, count: int, counters: bool, body: object
+    node: str, generation: int, count: int, counters: bool, body: object, part: int = 0
 ) -> dict[str, object]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node, counters)},
+        "metadata": {"name": slice_name(node, counters, part)},
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
@@ -258,17 +262,25 @@ def build_slices(
             )
         else:
             devices.append(_card_device(card, mode, state, slots, versions))
+    # A slice holds at most 64 devices when any uses taints or counters (128 otherwise) and 8
+    # counter sets: a larger pool (8 cards in MIG mode offer 150 and more placements) goes on
+    # in further slices of the same pool, which the scheduler reads as one.
     advanced = bool(counter_sets) or any("taints" in d for d in devices)
-    if advanced and len(devices) > MAX_DEVICES_WITH_TAINTS_OR_COUNTERS:
-        raise SliceError(
-            f"{len(devices)} devices; a slice with taints or counters holds at most "
-            f"{MAX_DEVICES_WITH_TAINTS_OR_COUNTERS}"
-        )
-    count = 2 if counter_sets else 1
-    slices = [_slice(node, generation, count, False, devices)]
-    if counter_sets:
-        slices.append(_slice(node, generation, count, True, counter_sets))
+    per_slice = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if advanced else MAX_DEVICES
+    device_parts = _parts(devices, per_slice) or [[]]
+    counter_parts = _parts(counter_sets, MAX_COUNTER_SETS)
+    count = len(device_parts) + len(counter_parts)
+    slices = [
+        _slice(node, generation, count, False, part, k) for k, part in enumerate(device_parts)
+    ]
+    slices += [
+        _slice(node, generation, count, True, part, k) for k, part in enumerate(counter_parts)
+    ]
     return slices
+
+
+def _parts(items: list[dict[str, object]], size: int) -> list[list[dict[str, object]]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class Pool:

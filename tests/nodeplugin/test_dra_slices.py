@@ -18,6 +18,7 @@ from nodeplugin.dra_slices import (
     SliceError,
     build_slices,
     semver,
+    slice_name,
 )
 
 A = Card("GPU-a", 0, "NVIDIA A100-SXM4-80GB", 81920, 0, 0, "00000000:3B:00.0")
@@ -204,11 +205,31 @@ def test_unknown_mode_is_refused() -> None:
         build(modes={"GPU-a": "vgpu"})
 
 
-def test_the_api_device_limit_with_taints_is_kept() -> None:
-    cards = [Card(f"GPU-{i}", i, "L4", 23034, i) for i in range(65)]
-    build(cards)  # 65 plain devices fit (limit 128)
-    with pytest.raises(SliceError, match="at most 64"):
-        build(cards, health={"GPU-0": Health(False)})
+def test_a_pool_past_one_slices_limits_goes_on_in_further_slices() -> None:
+    cards = [Card(f"GPU-{i}", i, "L4", 23034, i) for i in range(130)]
+    plain = build(cards)  # 128 plain devices to a slice
+    assert [len(x["spec"]["devices"]) for x in plain] == [128, 2]
+    tainted = build(cards, health={"GPU-0": Health(False)})  # 64 once one has a taint
+    assert [len(x["spec"]["devices"]) for x in tainted] == [64, 64, 2]
+    names = [x["metadata"]["name"] for x in tainted]
+    assert names == [
+        slice_name("node-1"),
+        slice_name("node-1", part=1),
+        slice_name("node-1", part=2),
+    ]
+    assert len(set(names)) == 3
+    assert all(x["spec"]["pool"]["resourceSliceCount"] == 3 for x in tainted)
+    every = [d["name"] for x in tainted for d in x["spec"]["devices"]]
+    assert every == [f"gpu-{i}" for i in range(130)]  # each once, in card order
+    # Nine MIG cards: their placements and nine counter sets (eight to a slice) spread too.
+    mig_cards = [Card(f"GPU-m{i}", i, "NVIDIA A100-SXM4-40GB", 40960, i) for i in range(9)]
+    layouts = {c.uuid: A100_MIG for c in mig_cards}
+    pool = build(mig_cards, modes=dict.fromkeys(layouts, "mig"), mig=layouts)
+    counter_slices = [x for x in pool if "sharedCounters" in x["spec"]]
+    assert [len(x["spec"]["sharedCounters"]) for x in counter_slices] == [8, 1]
+    assert all(len(x["spec"].get("devices", ())) <= 64 for x in pool)
+    assert sum(len(x["spec"].get("devices", ())) for x in pool) == 9 * len(A100_MIG.offers)
+    assert all(x["spec"]["pool"]["resourceSliceCount"] == len(pool) for x in pool)
 
 
 def test_no_cards_gives_an_empty_pool() -> None:
