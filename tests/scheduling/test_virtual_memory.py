@@ -274,6 +274,7 @@ def test_no_sequence_of_binds_releases_and_factor_changes_breaks_a_budget(
     factors = initial[: len(memories)]
     pods: dict[str, tuple[Assignment, ...]] = {}
     opted: dict[str, bool] = {}
+    factor_at_bind: dict[str, list[int]] = {}  # a bound slice keeps the part it was given
     for n, (kind, arg) in enumerate(ops):
         node = _state(memories, factors, reserve, pods)
         if kind == "bind":
@@ -288,6 +289,7 @@ def test_no_sequence_of_binds_releases_and_factor_changes_breaks_a_budget(
             if isinstance(placed, tuple):
                 pods[request.name] = placed
                 opted[request.name] = opt
+                factor_at_bind[request.name] = list(factors)
             else:
                 assert placed.refusals  # a why for every refusal
         elif kind == "release" and pods:
@@ -304,10 +306,11 @@ def test_no_sequence_of_binds_releases_and_factor_changes_breaks_a_budget(
         assert node.used_spill_mib <= reserve
         for name, placed in pods.items():
             for a in placed:
-                if not opted[name] or (a.init and not a.sidecar):
-                    assert a.resident_mib is None  # resident in full
-                elif a.resident_mib is not None:
-                    assert 1 <= a.resident_mib < a.memory_mib
+                may_spill = opted[name] and not (a.init and not a.sidecar)
+                factor = factor_at_bind[name][int(a.card_uuid.removeprefix("GPU-"))]
+                # Resident in full (None), or exactly memory / f rounded up, and below memory.
+                assert a.resident_mib in (None, resident_mib(a.memory_mib, factor)), a
+                assert a.resident_mib is None or (may_spill and a.resident_mib < a.memory_mib), a
 
 
 @settings(max_examples=200, deadline=None)
