@@ -131,9 +131,11 @@ class Options:
     ports: dict[str, int] = field(default_factory=dict)  # fixed ports (default: free ones)
     binaries: dict[str, Path] = field(default_factory=dict)  # override a binary's path
     extender: str = "tessera"  # tessera | none | a URL prefix (e.g. the benchmark's no-op one)
-    # The webhook listener: the API server calls it for every pod create, in parallel.
+    # The webhook listener: the API server calls it for every pod create, in parallel, over a
+    # connection per call in flight; the chart's threads (controlplane.webhookThreads, whose
+    # comment says why a burst needs that many).
     webhook_workers: int = 2
-    webhook_threads: int = 4
+    webhook_threads: int = 64
     # Seconds an idle webhook connection stays open: longer than the API server's 90 s idle
     # timeout, as the chart's webhook container does (a shorter one races the API server's
     # reuse of the connection and fails a pod create with "write: broken pipe").

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster import Options
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSION,
@@ -331,21 +332,47 @@ def test_app_server_probes_healthz_and_readyz() -> None:
 API_SERVER_IDLE_CONN_S = 90
 
 
-def _keepalive_s(command: list[str]) -> int:
-    values = [int(a.split("=", 1)[1]) for a in command if a.startswith("--keep-alive=")]
+# kube-apiserver's default --max-mutating-requests-inflight: the most pod creates, and so
+# admission calls, it has in flight at once.
+API_SERVER_MUTATING_INFLIGHT = 200
+
+
+def _flag(command: list[str], name: str) -> int:
+    values = [int(a.split("=", 1)[1]) for a in command if a.startswith(f"--{name}=")]
     assert len(values) == 1, command
     return values[0]
+
+
+def test_webhook_threads_cover_the_api_servers_bursts() -> None:
+    """Each connection the API server opens holds a gunicorn thread until its first request: the
+    listeners' threads over all replicas must cover every admission call the API server can have
+    in flight, and the e2e harness runs a replica's threads as the chart does."""
+    deploy = one(render(), "Deployment", f"{RELEASE}-controlplane")
+    webhook = next(c for c in containers(deploy) if c["name"] == "webhook")
+    threads = _flag(webhook["command"], "threads")
+    workers = _flag(webhook["command"], "workers")
+    assert deploy["spec"]["replicas"] * workers * threads >= API_SERVER_MUTATING_INFLIGHT
+    assert Options().webhook_threads == threads
+    fragment = yaml.safe_load(
+        (Path(__file__).parents[2] / "deploy/webhook/controlplane-tls-args.yaml").read_text()
+    )
+    assert _flag(fragment["containers"][0]["command"], "threads") == threads
+    few = one(
+        render(sets=("controlplane.webhookThreads=3",)), "Deployment", deploy["metadata"]["name"]
+    )
+    hook = next(c for c in containers(few) if c["name"] == "webhook")
+    assert _flag(hook["command"], "threads") == 3
 
 
 def test_webhook_keeps_idle_connections_longer_than_the_api_server() -> None:
     deploy = one(render(), "Deployment", f"{RELEASE}-controlplane")
     webhook = next(c for c in containers(deploy) if c["name"] == "webhook")
     assert webhook["command"][0] == "gunicorn"
-    assert _keepalive_s(webhook["command"]) > API_SERVER_IDLE_CONN_S
+    assert _flag(webhook["command"], "keep-alive") > API_SERVER_IDLE_CONN_S
     fragment = yaml.safe_load(
         (Path(__file__).parents[2] / "deploy/webhook/controlplane-tls-args.yaml").read_text()
     )
-    assert _keepalive_s(fragment["containers"][0]["command"]) > API_SERVER_IDLE_CONN_S
+    assert _flag(fragment["containers"][0]["command"], "keep-alive") > API_SERVER_IDLE_CONN_S
 
 
 # kube-scheduler's extender client keeps idle connections for 90 s too (the same defaults).

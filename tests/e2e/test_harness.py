@@ -12,6 +12,7 @@ import ssl
 import stat
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,43 @@ def test_the_webhook_keeps_an_idle_connection_open(cluster: Cluster) -> None:
         assert sockets[0] is sockets[1]
     finally:
         conn.close()
+
+
+def test_64_gpu_pods_created_at_once_all_pass_the_webhook_at_once(
+    cluster: Cluster, core: Any, namespace: str
+) -> None:
+    """A Job's worth of GPU pods created at once: the API server opens a webhook connection per
+    create in flight, and each new connection holds one of gunicorn's threads until its first
+    request. With fewer threads than connections the calls wait out the API server's 5 s
+    webhook timeout and the creates fail; with the chart's threads every pod is admitted
+    (mutated) at once."""
+    api = objects.Api(cluster)
+    pods = 64
+    nowhere = {"kubernetes.io/hostname": "no-such-node"}  # pending: no scheduler work meanwhile
+
+    def create(i: int) -> tuple[float, str]:
+        pod = objects.gpu_pod(f"burst-{i}", gpumem=1024)
+        pod["spec"]["nodeSelector"] = nowhere
+        start = time.monotonic()
+        try:
+            api.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+        except RuntimeError as exc:
+            return time.monotonic() - start, str(exc)
+        return time.monotonic() - start, ""
+
+    try:
+        with ThreadPoolExecutor(pods) as pool:
+            results = list(pool.map(create, range(pods)))
+        errors = [e for _, e in results if e]
+        assert not errors, f"{len(errors)} of {pods} creates failed, e.g. {errors[0]}"
+        slowest = max(t for t, _ in results)
+        assert slowest < 4.0, f"the slowest create took {slowest:.2f} s (webhook timeout: 5 s)"
+        listed = core.list_namespaced_pod(namespace).items
+        assert len(listed) == pods
+        # Every one went through the webhook, which hands GPU pods to Tessera's scheduler.
+        assert {p.spec.scheduler_name for p in listed} == {"tessera-scheduler"}
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
 
 
 def test_the_sidecar_command_is_pointed_at_the_harness_port_or_refused() -> None:
