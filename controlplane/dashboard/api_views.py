@@ -8,13 +8,14 @@ by default, `?page_size=` up to 500. Bad input answers 400 naming the field and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.paginator import EmptyPage, Paginator
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
@@ -430,6 +431,25 @@ class CardCordonView(_CordonView):
         return Response(CardSerializer(detail.card).data)
 
 
+def change_card(
+    request: Request,
+    uuid: str,
+    serializer_class: type[serializers.Serializer],  # type: ignore[type-arg]
+    change: Callable[[str, Any, str, str], object],
+    field: str,
+) -> Response:
+    """An operator's change to one card: the path and body checked, `change(uuid, value, by,
+    reason)` applied (its refusals answer as the service raises them), the card answered."""
+    check_path(uuid=("card", uuid))
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data = serializer.validated_data
+    change(uuid, data[field], request.user.get_username(), data["reason"])
+    detail = selectors.card_detail(uuid)
+    assert detail is not None  # the service raised NotFound otherwise
+    return Response(CardSerializer(detail.card).data)
+
+
 class CardModeView(GenericAPIView):
     """POST `/api/v1/cards/<uuid>/mode` (operator): change how the card is shared
     (docs/card-modes.md). An idle card changes at once; a card with slices drains first."""
@@ -453,14 +473,7 @@ class CardModeView(GenericAPIView):
         responses=CardSerializer,
     )
     def post(self, request: Request, uuid: str) -> Response:
-        check_path(uuid=("card", uuid))
-        serializer = CardModeSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        modes.set_card_mode(uuid, data["mode"], request.user.get_username(), data["reason"])
-        detail = selectors.card_detail(uuid)
-        assert detail is not None  # the service raised NotFound otherwise
-        return Response(CardSerializer(detail.card).data)
+        return change_card(request, uuid, CardModeSerializer, modes.set_card_mode, "mode")
 
 
 class CardFactorView(GenericAPIView):
@@ -488,14 +501,7 @@ class CardFactorView(GenericAPIView):
         },
     )
     def post(self, request: Request, uuid: str) -> Response:
-        check_path(uuid=("card", uuid))
-        serializer = CardFactorSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        nodes.set_card_factor(uuid, data["factor"], request.user.get_username(), data["reason"])
-        detail = selectors.card_detail(uuid)
-        assert detail is not None  # the service raised NotFound otherwise
-        return Response(CardSerializer(detail.card).data)
+        return change_card(request, uuid, CardFactorSerializer, nodes.set_card_factor, "factor")
 
 
 # --- slices and bindings -------------------------------------------------------------------------

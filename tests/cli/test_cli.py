@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ import pytest
 from controlplane.cli import client as cli_client
 from controlplane.cli import render
 from controlplane.cli.main import build_parser, inspect_table, main, quota_table, top_table
+from tests.nodeplugin.harness.jsonhttp import JsonHandler
 
 TOKEN = "tsr_good"
 CARD = {
@@ -68,46 +69,36 @@ def _page(rows: list[Any]) -> dict[str, Any]:
     return {"count": len(rows), "next": None, "previous": None, "results": rows}
 
 
-class FakeTessera(BaseHTTPRequestHandler):
+class FakeTessera(JsonHandler):
     """What the control plane answers to the requests these tests make."""
 
+    protocol_version = "HTTP/1.0"  # a connection per request: the CLI opens one per call
     seen: list[tuple[str, str, dict[str, str], Any]] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _handle(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.seen.append((method, self.path, dict(self.headers), body))
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return self._answer(401, {"error": "Invalid, revoked or expired token."})
+            return self.send_json(401, {"error": "Invalid, revoked or expired token."})
         path = self.path.split("?")[0]
         if method == "GET" and path == "/api/v1/nodes/":
-            return self._answer(200, _page([NODE]))
+            return self.send_json(200, _page([NODE]))
         if method == "GET" and path == "/api/v1/slices/":
-            return self._answer(200, _page([SLICE]))
+            return self.send_json(200, _page([SLICE]))
         if path == "/api/v1/pods/team-a/ghost/why":
-            return self._answer(404, {"error": "Tessera has no scheduling decision for pod."})
+            return self.send_json(404, {"error": "Tessera has no scheduling decision for pod."})
         if method == "PATCH" and path == "/api/v1/quotas/team-b/":
-            return self._answer(403, {"error": "Reading needs the viewer role; changing needs "
+            return self.send_json(403, {"error": "Reading needs the viewer role; changing needs "
                                                 "the operator role."})  # fmt: skip
         if method == "PATCH" and path == "/api/v1/quotas/team-a/":
-            return self._answer(404, {"error": "namespace team-a has no quota; PUT creates one."})
+            return self.send_json(404, {"error": "namespace team-a has no quota; PUT creates one."})
         if method == "PUT" and path == "/api/v1/quotas/team-a/":
             quota = {"namespace": "team-a", "gpumem_mib": None, "gpucores": None, "gpus": None}
             quota.update(body)
             quota["usage"] = {"gpumem_mib": 0, "gpucores": 0, "gpus": 0}
-            return self._answer(201, quota)
-        return self._answer(404, {"error": f"Not found: no API route for {path}."})
+            return self.send_json(201, quota)
+        return self.send_json(404, {"error": f"Not found: no API route for {path}."})
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -343,8 +334,8 @@ def test_mode_prints_the_new_mode_or_the_drain_in_the_servers_words(
         self.seen.append(("POST", self.path, dict(self.headers), body))
         uuid = self.path.split("/")[4]
         if uuid not in answers:
-            return self._answer(404, {"error": f"Not found: no API route for {self.path}."})
-        return self._answer(200, answers[uuid])
+            return self.send_json(404, {"error": f"Not found: no API route for {self.path}."})
+        return self.send_json(200, answers[uuid])
 
     monkeypatch.setattr(FakeTessera, "do_POST", post)
     flags = ["--server", server, "--token", TOKEN]
@@ -389,11 +380,11 @@ def test_oversubscribe_posts_the_factor_and_default_clears_it(
         body = json.loads(self.rfile.read(length))
         self.seen.append(("POST", self.path, dict(self.headers), body))
         if body["factor"] == "0.5":
-            return self._answer(400, {"error": "factor: must be from 1 to 16"})
+            return self.send_json(400, {"error": "factor: must be from 1 to 16"})
         own = body["factor"]
         applied = own or "1"
         answer = {**CARD, "memory_oversubscription": applied, "memory_oversubscription_own": own}
-        return self._answer(200, answer)
+        return self.send_json(200, answer)
 
     monkeypatch.setattr(FakeTessera, "do_POST", post)
     flags = ["--server", server, "--token", TOKEN]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ from controlplane.kube.adapter import get_kube
 from controlplane.kube.base import KubeError, api_ms, reset_api_ms
 from controlplane.kube.embedded import EmbeddedKube
 from controlplane.kube.real import RealKube
+from tests.nodeplugin.harness.jsonhttp import JsonHandler
 from tests.pods import gpu_pod
 
 STATUS_201 = {
@@ -26,32 +27,22 @@ STATUS_201 = {
 }
 
 
-class FakeApiServer(BaseHTTPRequestHandler):
+class FakeApiServer(JsonHandler):
     """Answers the two calls bind makes, the way kube-apiserver does."""
 
+    protocol_version = "HTTP/1.0"  # KeepAliveApiServer below speaks kube-apiserver's 1.1
     requests: list[tuple[str, str, Any]] = []
     binding_status = 201
     namespace_status = 200
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         self.requests.append(("POST", self.path, body))
         if self.binding_status == 201:
-            self._send(201, STATUS_201)
+            self.send_json(201, STATUS_201)
         else:
-            self._send(
+            self.send_json(
                 self.binding_status,
                 {"kind": "Status", "status": "Failure", "code": self.binding_status,
                  "message": 'pods "p" is already assigned to node "n9"', "reason": "Conflict"},
@@ -60,23 +51,23 @@ class FakeApiServer(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self.requests.append(("DELETE", self.path, None))
         if self.path == "/api/v1/namespaces/default/pods/p":
-            self._send(200, {"kind": "Status", "status": "Success", "code": 200})
+            self.send_json(200, {"kind": "Status", "status": "Success", "code": 200})
         else:
-            self._send(404, {"kind": "Status", "code": 404, "message": "pods not found"})
+            self.send_json(404, {"kind": "Status", "code": 404, "message": "pods not found"})
 
     def do_GET(self) -> None:
         self.requests.append(("GET", self.path, None))
         if self.path.startswith("/api/v1/namespaces/default/pods/p"):
-            self._send(200, gpu_pod())
+            self.send_json(200, gpu_pod())
         elif self.path.split("?")[0] == "/api/v1/namespaces/kube-system":
             if self.namespace_status == 200:
                 namespace = {"kind": "Namespace", "metadata": {"name": "kube-system", "uid": "u-1"}}
-                self._send(200, namespace)
+                self.send_json(200, namespace)
             else:
                 status = self.namespace_status
-                self._send(status, {"kind": "Status", "code": status, "message": "refused"})
+                self.send_json(status, {"kind": "Status", "code": status, "message": "refused"})
         else:
-            self._send(404, {"kind": "Status", "code": 404, "message": "pods not found"})
+            self.send_json(404, {"kind": "Status", "code": 404, "message": "pods not found"})
 
 
 @pytest.fixture
