@@ -10,8 +10,11 @@
 set -euo pipefail
 
 STATE=${TESSERA_SERVICES_DIR:-/var/tmp/tessera-services}
-PG_PORT=${TESSERA_PG_PORT:-55432}
-REDIS_PORT=${TESSERA_REDIS_PORT:-56379}
+# Below Linux's ephemeral range (32768-60999 by default): a port in it can be taken at any
+# moment as the local end of some outgoing connection (an etcd client's, say), and the server
+# would then fail to start with "Address already in use".
+PG_PORT=${TESSERA_PG_PORT:-25432}
+REDIS_PORT=${TESSERA_REDIS_PORT:-26379}
 # The database name in TEST_POSTGRES_URL: two checkouts testing at once on one machine each
 # name their own (pytest-django creates test_<name> and drops it at the end).
 PG_DB=${TESSERA_PG_DB:-tessera}
@@ -53,6 +56,11 @@ pg_up() {
       || { cat "$STATE/initdb.log" >&2; exit 1; }
   fi
   if ! "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
+    # A server of this folder still up on another port (another port setting): stop it, the
+    # folder is this script's own.
+    if [ -s "$data/postmaster.pid" ]; then
+      "${runas[@]}" "$bin/pg_ctl" -D "$data" -m fast stop >&2 2>/dev/null || true
+    fi
     "${runas[@]}" "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 \
       -o "-p $PG_PORT -k $data -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
       start >&2 || { tail -20 "$data/server.log" >&2; exit 1; }
@@ -68,6 +76,13 @@ redis_up() {
   local appendonly=no
   [ "$REDIS_PERSIST" = 1 ] && appendonly=yes
   if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    local old
+    old=$(cat "$STATE/redis/redis.pid" 2>/dev/null || true)
+    # This folder's server still up on another port: stop it (only if that pid is a Redis).
+    if [ -n "$old" ] && [ "$(ps -p "$old" -o comm= 2>/dev/null)" = redis-server ]; then
+      kill "$old" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+    fi
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" \
       --appendonly "$appendonly" --dir "$STATE/redis" --pidfile "$STATE/redis/redis.pid" \
       --logfile "$STATE/redis/redis.log" >&2
