@@ -401,6 +401,62 @@ def watch_bindings(
             raise  # the watch broke mid-phase: the figures would be wrong
 
 
+def watch_claims(
+    api: Api,
+    namespace: str,
+    resource_version: str,
+    made: dict[str, float],
+    allocated: dict[str, float],
+    stop: threading.Event,
+) -> None:
+    """(e): record, by the pod each claim was made for (its owner), when the claim is first
+    seen (the claim controller made it) and first seen allocated (kube-scheduler's Reserve and
+    PreBind wrote its status): where a DRA pod's time between creation and binding goes."""
+    path = (
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims?watch=true"
+        f"&resourceVersion={resource_version}&timeoutSeconds=3600"
+    )
+    try:
+        for event in api.events(path, stop, timeout=(10, 3600)):
+            claim = event.get("object", {})
+            owners = claim.get("metadata", {}).get("ownerReferences") or []
+            pods = [o["name"] for o in owners if o.get("kind") == "Pod"]
+            if not pods:
+                continue
+            now = time.monotonic()
+            made.setdefault(pods[0], now)
+            if (claim.get("status") or {}).get("allocation"):
+                allocated.setdefault(pods[0], now)
+    except requests.RequestException:
+        if not stop.is_set():
+            raise
+
+
+def claim_steps(
+    pods: list[str],
+    created: dict[str, float],
+    made: dict[str, float],
+    allocated: dict[str, float],
+    bound: dict[str, float],
+) -> str:
+    """p50/p99 of each step of the `pods` seen through all of them: created -> claim made (the
+    claim controller), -> claim allocated (kube-scheduler up to its PreBind), -> pod bound (the
+    binding)."""
+    seen = [p for p in pods if all(p in d for d in (created, made, allocated, bound))]
+    if not seen:
+        return "no pod seen through every step"
+    steps = (
+        ("claim made", created, made),
+        ("claim allocated", made, allocated),
+        ("pod bound", allocated, bound),
+    )
+    parts = []
+    for what, since, until in steps:
+        p50, p99 = _percentiles(sorted(1000 * max(0.0, until[p] - since[p]) for p in seen))
+        parts.append(f"{what} +{p50:.0f} / +{p99:.0f} ms")
+    return f"p50 / p99 of each step, over {len(seen)} pods: created, " + ", ".join(parts)
+
+
 def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:
     """pid -> (component, CPU seconds so far, user + system), for the harness's processes and
     the machine (pid 0: every CPU's busy time).
@@ -567,6 +623,17 @@ def run_phase(
         target=watch_bindings, args=(api, namespace, rv, bound, nodes_seen, stop), daemon=True
     )
     watcher.start()
+    made: dict[str, float] = {}
+    allocated: dict[str, float] = {}
+    if dra is not None:
+        claims_rv = api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["metadata"][
+            "resourceVersion"
+        ]
+        threading.Thread(
+            target=watch_claims,
+            args=(api, namespace, claims_rv, made, allocated, stop),
+            daemon=True,
+        ).start()
     time.sleep(0.5)
     # Without an extender the four resources are ordinary extended resources to kube-scheduler,
     # and the nodes advertise only nvidia.com/gpu (slots): (a) asks for one slot, the others for
@@ -681,6 +748,8 @@ def run_phase(
         f"  the stream's slowest pods, created at (of {count / rate:.1f} s): {tail or 'none'}",
         flush=True,
     )
+    if dra is not None:
+        print(f"  the stream's {claim_steps(stream, created, made, allocated, bound)}", flush=True)
     served = {
         key: requests_after[key] - requests_before.get(key, 0.0)
         for key in requests_after

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_e2e import (  # noqa: E402
     Result,
+    claim_steps,
     cpu_by_process,
     cpu_spent,
     goals,
@@ -230,3 +231,16 @@ def test_histogram_means_sum_a_label_s_series_and_keep_only_the_plugin_asked() -
     means = histogram_means(text, family, "extension_point", 'plugin="DynamicResources"')
     assert means == {"Filter": (4, 100.0)}  # 0.4 s over 4 calls; Score never observed
     assert histogram_means(text, family, "extension_point")["Filter"] == (5, 1880.0)
+
+
+def test_claim_steps_split_a_dra_pod_s_time_and_leave_out_pods_not_seen_through() -> None:
+    created = {"p": 10.0, "q": 20.0, "r": 30.0}
+    made = {"p": 10.1, "q": 20.3, "r": 30.1}
+    allocated = {"p": 10.6, "q": 20.4}  # r's claim never allocated: left out
+    bound = {"p": 10.7, "q": 21.4}
+    text = claim_steps(["p", "q", "r"], created, made, allocated, bound)
+    assert text == (
+        "p50 / p99 of each step, over 2 pods: created, claim made +200 / +300 ms, "
+        "claim allocated +300 / +500 ms, pod bound +550 / +1000 ms"
+    )
+    assert claim_steps(["r"], created, made, allocated, bound) == "no pod seen through every step"
