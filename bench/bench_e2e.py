@@ -408,10 +408,13 @@ def watch_claims(
     made: dict[str, float],
     allocated: dict[str, float],
     stop: threading.Event,
+    protected: dict[str, float] | None = None,
 ) -> None:
     """(e): record, by the pod each claim was made for (its owner), when the claim is first
-    seen (the claim controller made it) and first seen allocated (kube-scheduler's Reserve and
-    PreBind wrote its status): where a DRA pod's time between creation and binding goes."""
+    seen (the claim controller made it), first seen with a finalizer (`protected`: the first of
+    kube-scheduler's two writes in PreBind, after its scheduling cycle chose the device) and
+    first seen allocated (PreBind's second write, the claim's status): where a DRA pod's time
+    between creation and binding goes."""
     path = (
         f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims?watch=true"
         f"&resourceVersion={resource_version}&timeoutSeconds=3600"
@@ -425,6 +428,8 @@ def watch_claims(
                 continue
             now = time.monotonic()
             made.setdefault(pods[0], now)
+            if protected is not None and claim["metadata"].get("finalizers"):
+                protected.setdefault(pods[0], now)
             if (claim.get("status") or {}).get("allocation"):
                 allocated.setdefault(pods[0], now)
     except requests.RequestException:
@@ -438,18 +443,21 @@ def claim_steps(
     made: dict[str, float],
     allocated: dict[str, float],
     bound: dict[str, float],
+    protected: dict[str, float] | None = None,
 ) -> str:
     """p50/p99 of each step of the `pods` seen through all of them: created -> claim made (the
-    claim controller), -> claim allocated (kube-scheduler up to its PreBind), -> pod bound (the
-    binding)."""
-    seen = [p for p in pods if all(p in d for d in (created, made, allocated, bound))]
+    claim controller), [-> claim protected (kube-scheduler's queue and cycle, PreBind's first
+    write),] -> claim allocated (PreBind's status write), -> pod bound (the binding)."""
+    marks = [("claim made", made), ("claim allocated", allocated), ("pod bound", bound)]
+    if protected is not None:
+        marks.insert(1, ("claim protected", protected))
+    seen = [p for p in pods if p in created and all(p in d for _, d in marks)]
     if not seen:
         return "no pod seen through every step"
-    steps = (
-        ("claim made", created, made),
-        ("claim allocated", made, allocated),
-        ("pod bound", allocated, bound),
-    )
+    steps = [
+        (what, since, until)
+        for (what, until), since in zip(marks, [created, *(d for _, d in marks)], strict=False)
+    ]
     parts = []
     for what, since, until in steps:
         p50, p99 = _percentiles(sorted(1000 * max(0.0, until[p] - since[p]) for p in seen))
@@ -624,6 +632,7 @@ def run_phase(
     )
     watcher.start()
     made: dict[str, float] = {}
+    protected: dict[str, float] = {}
     allocated: dict[str, float] = {}
     if dra is not None:
         claims_rv = api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["metadata"][
@@ -631,7 +640,7 @@ def run_phase(
         ]
         threading.Thread(
             target=watch_claims,
-            args=(api, namespace, claims_rv, made, allocated, stop),
+            args=(api, namespace, claims_rv, made, allocated, stop, protected),
             daemon=True,
         ).start()
     time.sleep(0.5)
@@ -749,7 +758,10 @@ def run_phase(
         flush=True,
     )
     if dra is not None:
-        print(f"  the stream's {claim_steps(stream, created, made, allocated, bound)}", flush=True)
+        print(
+            f"  the stream's {claim_steps(stream, created, made, allocated, bound, protected)}",
+            flush=True,
+        )
     served = {
         key: requests_after[key] - requests_before.get(key, 0.0)
         for key in requests_after
@@ -1028,7 +1040,20 @@ def main(argv: list[str] | None = None) -> int:
             if phase[0][0] in phases
         ]
         noop = ""
+        mode = ""  # the control plane's TESSERA_MODE: its default, extender, until (e)
         for i, (r, key, label, named, webhook) in enumerate(schedule):
+            if (key == "e") != (mode == "dra"):
+                # (e) meets the control plane as a DRA-mode deployment runs it (its webhook,
+                # its reconciler mirroring claims); the others, as extender mode does.
+                mode = "dra" if key == "e" else ""
+                began = time.monotonic()
+                cluster.restart_controlplane({**env, "TESSERA_MODE": mode} if mode else env)
+                print(
+                    f"# the control plane and its reconciler restarted with TESSERA_MODE="
+                    f"{mode or 'unset (extender)'} in {time.monotonic() - began:.0f} s",
+                    flush=True,
+                )
+                settle(cluster)
             extender: str | Hami = named or ""
             scheduler_name: str | None = None if webhook else "tessera-scheduler"
             if named is None:

@@ -244,3 +244,8 @@ def test_claim_steps_split_a_dra_pod_s_time_and_leave_out_pods_not_seen_through(
         "claim allocated +300 / +500 ms, pod bound +550 / +1000 ms"
     )
     assert claim_steps(["r"], created, made, allocated, bound) == "no pod seen through every step"
+    protected = {"p": 10.5, "q": 20.35}  # PreBind's first write: splits the allocation step
+    assert claim_steps(["p", "q"], created, made, allocated, bound, protected) == (
+        "p50 / p99 of each step, over 2 pods: created, claim made +200 / +300 ms, "
+        "claim protected +225 / +400 ms, claim allocated +75 / +100 ms, pod bound +550 / +1000 ms"
+    )
