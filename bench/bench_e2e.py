@@ -25,9 +25,9 @@ same kube-scheduler binary and profile (`tessera-scheduler`) is run three times,
       plugin's own builder), the chart's DeviceClasses, kube-controller-manager's ResourceClaim
       controller making each pod's claim from a ResourceClaimTemplate of the namespace (one
       device of Tessera's shared class, the same 1000 MiB and 5 % as (c)'s slice), Tessera's
-      webhook and reconciler on. Its checks read kube-scheduler's own record, the claims'
-      allocations. It cannot be left out quietly: without its gates, controller or slices the
-      run stops with the reason.
+      webhook and reconciler on, restarted with TESSERA_MODE=dra for (e)'s rounds. Its checks
+      read kube-scheduler's own record, the claims' allocations. It cannot be left out
+      quietly: without its gates, controller or slices the run stops with the reason.
 
 For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
 then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
@@ -244,20 +244,18 @@ def claims_of(api: Api, namespace: str) -> list[dict[str, Any]]:
 
 
 def clean_up_claims(api: Api, namespace: str, timeout: float) -> None:
-    """After (e)'s pods are gone, wait until their claims are too (the claim controller
-    deletes the claims it made for a pod once the pod is gone, and frees their allocations),
-    deleting any it left, so the next set-up starts on devices with nothing consumed."""
-    began = time.monotonic()
-    deadline = began + timeout
+    """After (e)'s pods are gone, delete their claims and wait until they are gone, so the next
+    set-up starts on devices with nothing consumed. A claim made from a template is owned by its
+    pod, and in a cluster kube-controller-manager's garbage collector deletes it after the pod;
+    the harness runs no garbage collector, so the round deletes them itself. The claim
+    controller, still running, frees each deleted claim's allocation and lifts its finalizer."""
     path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
-    asked = False
+    response = api.session().delete(f"{api.base}{path}", timeout=60)
+    response.raise_for_status()
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not claims_of(api, namespace):
             return
-        if not asked and time.monotonic() > began + 30:
-            response = api.session().delete(f"{api.base}{path}", timeout=60)
-            response.raise_for_status()
-            asked = True
         time.sleep(1)
     raise RuntimeError(f"the claims of {namespace} were not gone within {timeout:.0f} s")
 
