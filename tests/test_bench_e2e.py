@@ -23,6 +23,7 @@ from bench.bench_e2e import (  # noqa: E402
     histogram_means,
     ratios,
     round_faults,
+    scheduler_side,
 )
 from e2e import objects  # noqa: E402
 from e2e.dra import (  # noqa: E402
@@ -249,3 +250,11 @@ def test_claim_steps_split_a_dra_pod_s_time_and_leave_out_pods_not_seen_through(
         "p50 / p99 of each step, over 2 pods: created, claim made +200 / +300 ms, "
         "claim protected +225 / +400 ms, claim allocated +75 / +100 ms, pod bound +550 / +1000 ms"
     )
+
+
+def test_scheduler_side_cpu_is_per_pod_for_the_processes_that_ran_only() -> None:
+    spent = {"kube-scheduler": 0.8, "resourceclaim-controller": 0.3, "kube-apiserver": 1.5}
+    assert scheduler_side(spent, 100) == (
+        "kube-scheduler 8.0 ms, resourceclaim-controller 3.0 ms"  # the API server is not one
+    )
+    assert scheduler_side({"kube-apiserver": 1.0}, 100) == "none measured"
