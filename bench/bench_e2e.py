@@ -616,10 +616,10 @@ def run_phase(
     BURST_LABEL, while the scheduler runs: seconds from the first create to the last binding.
     Last, the round's checks (`round_faults`), printed and counted in `faults`.
     `dra`: DRA mode (e): each pod points at the namespace's claim template instead of asking
-    Tessera's resources, the claim controller starts with kube-scheduler (so the backlog's time
-    includes making every pod's claim, as it would for pods arriving at a running cluster; it
-    keeps running for the clean-up, which the caller does), and the cards are checked from the
-    claims' allocations.
+    Tessera's resources, the claim controller starts with kube-scheduler, at the same moment
+    (so the backlog's time includes making every pod's claim, as it would for pods arriving at
+    a running cluster; it keeps running for the clean-up, which the caller does), and the cards
+    are checked from the claims' allocations.
     """
     cluster.stop_component("kube-scheduler")
     api.post("/api/v1/namespaces", objects.namespace(namespace, webhook=webhook))
@@ -680,14 +680,25 @@ def run_phase(
     if isinstance(extender, Hami):
         extender.start_scheduler()
         scheduler_port = extender.scheduler_port
-    else:
-        if dra is not None:
+    elif dra is not None:
+        # Both at once, as both run in a cluster the pods arrive at: neither start waits on
+        # the other's, and the claims are made while kube-scheduler starts.
+        def start_controller() -> float:
             start_claim_controller(cluster, dra.controller, dra.qps)
-            print(
-                f"  (the claim controller answered its probe {time.monotonic() - start:.1f} s "
-                "into the backlog)",
-                flush=True,
-            )
+            return time.monotonic() - start
+
+        with ThreadPoolExecutor(1) as pool:
+            controller = pool.submit(start_controller)
+            cluster.start_scheduler(extender=extender, profile=profile)
+            scheduler_ready = time.monotonic() - start
+            controller_ready = controller.result()  # its failure stops the run, with its reason
+        print(
+            f"  (kube-scheduler answered its probe {scheduler_ready:.1f} s into the backlog, "
+            f"the claim controller {controller_ready:.1f} s)",
+            flush=True,
+        )
+        scheduler_port = cluster.state["components"]["kube-scheduler"]["ports"]["kube-scheduler"]
+    else:
         cluster.start_scheduler(extender=extender, profile=profile)
         scheduler_port = cluster.state["components"]["kube-scheduler"]["ports"]["kube-scheduler"]
     wait_bound(backlog)
