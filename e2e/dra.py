@@ -12,6 +12,12 @@ controller, and ResourceSlices for kwok nodes.
   publish for a kwok node's cards, built by the plugin's own builder
   (:func:`nodeplugin.dra_slices.build_slices`), written in parallel (the benchmark publishes
   1,000 nodes x 8 cards).
+- :func:`apply_device_classes`, :func:`shared_claim_template`, :func:`with_claim_template`: the
+  chart's DeviceClasses, and a pod asking a shared card's share through a template, as DRA
+  users write it (the benchmark's set-up (e)).
+- :func:`device_capacities` / :func:`over_allocated_claims`: the devices as the API server holds
+  the published slices, and the devices that kube-scheduler's allocations (the claims'
+  ``consumedCapacity``) put over their memory, compute or slots.
 """
 
 from __future__ import annotations
