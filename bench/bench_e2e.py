@@ -1,7 +1,7 @@
 """Scheduling at scale on a real cluster: kube-scheduler alone, with a no-op extender, with Tessera.
 
     .venv/bin/python bench/bench_e2e.py [--nodes 1000] [--cards 8] [--pods 5000]
-                                        [--only a,b,c,d] [--rounds 2]
+                                        [--only a,b,c,d,e] [--rounds 2]
 
 One harness cluster (e2e/cluster.py: etcd, kube-apiserver, kwok, the control plane) with
 `--nodes` kwok GPU nodes of `--cards` cards each, their inventory reported to Tessera. Then the
@@ -19,7 +19,15 @@ same kube-scheduler binary and profile (`tessera-scheduler`) is run three times,
       API client as shipped (5 requests/s, burst 10) and raised (key `dr`; `--only d` runs
       both). e2e/build.sh builds HAMi's scheduler from its source tarball in shared/peers/hami/
       beside the checkout (e2e/versions.env says why the Go module proxy cannot serve it);
-      without the tarball the run says that (d) was left out.
+      without the tarball the run says that (d) was left out;
+  (e) DRA mode (docs/dra.md): no extender, kube-scheduler's default profile allocating from the
+      ResourceSlices the node plugin would publish for every kwok node's cards (e2e/dra.py, the
+      plugin's own builder), the chart's DeviceClasses, kube-controller-manager's ResourceClaim
+      controller making each pod's claim from a ResourceClaimTemplate of the namespace (one
+      device of Tessera's shared class, the same 1000 MiB and 5 % as (c)'s slice), Tessera's
+      webhook and reconciler on, restarted with TESSERA_MODE=dra for (e)'s rounds. Its checks
+      read kube-scheduler's own record, the claims' allocations. It cannot be left out
+      quietly: without its gates, controller or slices the run stops with the reason.
 
 For each: throughput, pods/s, from a backlog (`--pods` pods created while no scheduler runs,
 then the scheduler starts: pods / (last binding - scheduler start); creating pods from Python is
@@ -29,15 +37,16 @@ watch), over a paced stream (`--paced` pods at `--rate` pods/s) while it runs; f
 then a burst: `--burst` pods created at once onto `--burst-nodes` nodes, seconds until all are
 bound. After every round, its checks: cards over their memory, compute or slots, pods bound
 twice, pods lost (pods still pending at the timeout are counted apart: slow, not lost). Then
-the ratios (c)/(b), (c)/(a) of throughput, (c)/(b) of p99 latency, and (c)/(d) of throughput,
-p50, p99, CPU per pod and the burst. Each round
+the ratios (c)/(b), (c)/(a) of throughput, (c)/(b) of p99 latency, (c)/(d) of throughput,
+p50, p99, CPU per pod and the burst, and (e)/(a), (e)/(c) of throughput and p99 against DRA
+mode's goals (docs/e2e.md, *Set-up (e)*). Each round
 prints the machine's load averages before its backlog and the CPU the machine spent outside the
 harness during it (`other`), so a round run on a busy machine shows as one. Each set-up gets a
 fresh namespace; a set-up's pods are deleted (and the cluster left to settle) before the next
 one, so each starts on empty nodes.
 
 `--rounds` (default 2) splits each set-up's pods into that many backlogs (and paced streams),
-run in the order a b c d, then d c b a, and so on; a set-up's throughput is all its backlog pods
+run in the order a b c d e, then e d c b a, and so on; a set-up's throughput is all its backlog pods
 over all its backlog time. The machine's speed drifts over a run of several minutes (on a shared
 machine by a fifth between one set-up and the next), and the mirrored order gives every set-up
 the same share of early and late. `--rounds 1` runs each set-up once, as before.
@@ -70,10 +79,29 @@ from e2e import objects
 from e2e.chaos import over_allocated, pod_view
 from e2e.cluster import Cluster, Options
 from e2e.database import ScratchDatabase
+from e2e.dra import (
+    CLAIM_CONTROLLER,
+    FEATURE_GATES,
+    RESOURCE_API,
+    DeviceCapacity,
+    apply_device_classes,
+    device_capacities,
+    over_allocated_claims,
+    publish_kwok_slices,
+    shared_claim_template,
+    start_claim_controller,
+    with_claim_template,
+)
 from e2e.hami import ALLOCATED_ANNOTATION, RAISED, SHIPPED, Hami, allocated_devices
 from e2e.hami import binaries as hami_binaries
-from e2e.harness import ROOT, HarnessError, run_folder
+from e2e.harness import ROOT, HarnessError, build_binaries, run_folder
 from e2e.objects import Api
+from tests.deploy.chart import render
+
+# DRA mode's goals against kube-scheduler alone (a): throughput at least this share of its,
+# p99 creation-to-bound at most this multiple of its.
+DRA_THROUGHPUT_GOAL = 0.7
+DRA_P99_GOAL = 1.5
 
 BURST_LABEL = "tessera.io/e2e-burst"  # the nodes the burst's pods are kept on
 
@@ -166,6 +194,123 @@ def label_burst_nodes(api: Api, names: list[str]) -> None:
             timeout=60,
         )
         response.raise_for_status()
+
+
+@dataclass(frozen=True)
+class Dra:
+    """What (e) brings beyond the cluster: the claim controller's binary and the devices the
+    kwok nodes publish (kube-scheduler's capacity of each, for the checks)."""
+
+    controller: Path
+    devices: dict[tuple[str, str], DeviceCapacity]
+    qps: int | None = None  # the claim controller's client (None: its own default, 20/s)
+    # (c)'s slice, as a claim asks it: one device of the shared class, 1000 MiB and 5 %.
+    template: str = "gpu-1000mi-5pct"
+    memory_mib: int = 1000
+    compute: int = 5
+
+
+def prepare_dra(
+    api: Api, nodes: list[str], cards: int, workers: int, controller: Path, qps: int | None
+) -> Dra:
+    """The chart's DeviceClasses and every kwok node's ResourceSlices, read back as the API
+    server stores them. Fails with the reason when the API server kept fewer devices than were
+    published (a gate off: a shared card stored without its capacities is not Tessera's)."""
+    started = time.monotonic()
+    classes = apply_device_classes(api, render(sets=("mode=dra",)))
+    published = publish_kwok_slices(api, nodes, cards=cards, workers=workers)
+    stored = api.get(f"{RESOURCE_API}/resourceslices")["items"]
+    devices = device_capacities(stored)
+    shared = [d for d in devices.values() if d.slots > 1]
+    if len(shared) != len(nodes) * cards:
+        raise HarnessError(
+            f"(e): {published} ResourceSlices published for {len(nodes)} nodes x {cards} cards, "
+            f"and the API server holds {len(shared)} shared devices with slots: are the gates "
+            f"{FEATURE_GATES} on in kube-apiserver?"
+        )
+    print(
+        f"# (e): DeviceClasses {', '.join(classes)}; {published} ResourceSlices, "
+        f"{len(shared)} shared devices, in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+    return Dra(controller=controller, devices=devices, qps=qps)
+
+
+def claims_of(api: Api, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")[
+        "items"
+    ]
+    return items
+
+
+def clean_up_claims(api: Api, namespace: str, timeout: float, workers: int) -> None:
+    """After (e)'s pods are gone, delete their claims and wait until they are gone, so the next
+    set-up starts on devices with nothing consumed. A claim made from a template is owned by its
+    pod, and in a cluster kube-controller-manager's garbage collector deletes it after the pod;
+    the harness runs no garbage collector, so the round deletes them itself, one DELETE per
+    claim from a thread pool as `clean_up` deletes pods (one delete-collection of thousands
+    could run past the request's timeout). The claim controller, still running, frees each
+    deleted claim's allocation and lifts its finalizer."""
+    path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+
+    def delete(name: str) -> None:
+        response = api.session().delete(f"{api.base}{path}/{name}", timeout=60)
+        if response.status_code not in (200, 202, 404):
+            response.raise_for_status()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = claims_of(api, namespace)
+        if not items:
+            return
+        names = [c["metadata"]["name"] for c in items if not c["metadata"].get("deletionTimestamp")]
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(delete, names))
+        time.sleep(1)
+    raise RuntimeError(f"the claims of {namespace} were not gone within {timeout:.0f} s")
+
+
+def dra_plugin_times(cluster: Cluster, port: int) -> str:
+    """Mean time of kube-scheduler's DynamicResources plugin per extension point, from its
+    /metrics (`scheduler_plugin_execution_duration_seconds`, sampled by the scheduler): the
+    allocator's share of the scheduling cycle in (e)."""
+    text = scheduler_metrics(cluster, port)
+    if text is None:
+        return "(no kube-scheduler metrics)"
+    family = "scheduler_plugin_execution_duration_seconds"
+    means = histogram_means(text, family, "extension_point", 'plugin="DynamicResources"')
+    parts = [f"{point} {ms:.2f} ms ({n} sampled)" for point, (n, ms) in means.items()]
+    return "DynamicResources plugin, mean per call: " + (", ".join(parts) or "none sampled")
+
+
+def goals(e: Result, a: Result | None, c: Result | None) -> list[str]:
+    """(e)/(a) and (e)/(c) of throughput and p99 latency; against (a), DRA mode's goals, each
+    marked "meets" or "MISSES"."""
+    lines = []
+    for other, key in ((a, "a"), (c, "c")):
+        if other is None:
+            continue
+        if other.pods_per_s:
+            ratio = e.pods_per_s / other.pods_per_s
+            verdict = ""
+            if key == "a":
+                met = "meets" if ratio >= DRA_THROUGHPUT_GOAL else "MISSES"
+                verdict = f" ({met} the {DRA_THROUGHPUT_GOAL:g} goal)"
+            lines.append(
+                f"(e)/({key}) throughput: {ratio:.2f} ({e.pods_per_s:.1f} against "
+                f"{other.pods_per_s:.1f} pods/s){verdict}"
+            )
+        if other.p99_ms:
+            ratio = e.p99_ms / other.p99_ms
+            verdict = ""
+            if key == "a":
+                met = "meets" if ratio <= DRA_P99_GOAL else "MISSES"
+                verdict = f" ({met} the {DRA_P99_GOAL:g} goal)"
+            lines.append(
+                f"(e)/({key}) p99 latency: {ratio:.2f} ({e.p99_ms:.0f} against "
+                f"{other.p99_ms:.0f} ms){verdict}"
+            )
+    return lines
 
 
 def pod_devices(raw: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -264,6 +409,70 @@ def watch_bindings(
             raise  # the watch broke mid-phase: the figures would be wrong
 
 
+def watch_claims(
+    api: Api,
+    namespace: str,
+    resource_version: str,
+    made: dict[str, float],
+    allocated: dict[str, float],
+    stop: threading.Event,
+    protected: dict[str, float] | None = None,
+) -> None:
+    """(e): record, by the pod each claim was made for (its owner), when the claim is first
+    seen (the claim controller made it), first seen with a finalizer (`protected`: the first of
+    kube-scheduler's two writes in PreBind, after its scheduling cycle chose the device) and
+    first seen allocated (PreBind's second write, the claim's status): where a DRA pod's time
+    between creation and binding goes."""
+    path = (
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims?watch=true"
+        f"&resourceVersion={resource_version}&timeoutSeconds=3600"
+    )
+    try:
+        for event in api.events(path, stop, timeout=(10, 3600)):
+            claim = event.get("object", {})
+            owners = claim.get("metadata", {}).get("ownerReferences") or []
+            pods = [o["name"] for o in owners if o.get("kind") == "Pod"]
+            if not pods:
+                continue
+            now = time.monotonic()
+            made.setdefault(pods[0], now)
+            if protected is not None and claim["metadata"].get("finalizers"):
+                protected.setdefault(pods[0], now)
+            if (claim.get("status") or {}).get("allocation"):
+                allocated.setdefault(pods[0], now)
+    except requests.RequestException:
+        if not stop.is_set():
+            raise
+
+
+def claim_steps(
+    pods: list[str],
+    created: dict[str, float],
+    made: dict[str, float],
+    allocated: dict[str, float],
+    bound: dict[str, float],
+    protected: dict[str, float] | None = None,
+) -> str:
+    """p50/p99 of each step of the `pods` seen through all of them: created -> claim made (the
+    claim controller), [-> claim protected (kube-scheduler's queue and cycle, PreBind's first
+    write),] -> claim allocated (PreBind's status write), -> pod bound (the binding)."""
+    marks = [("claim made", made), ("claim allocated", allocated), ("pod bound", bound)]
+    if protected is not None:
+        marks.insert(1, ("claim protected", protected))
+    seen = [p for p in pods if p in created and all(p in d for _, d in marks)]
+    if not seen:
+        return "no pod seen through every step"
+    steps = [
+        (what, since, until)
+        for (what, until), since in zip(marks, [created, *(d for _, d in marks)], strict=False)
+    ]
+    parts = []
+    for what, since, until in steps:
+        p50, p99 = _percentiles(sorted(1000 * max(0.0, until[p] - since[p]) for p in seen))
+        parts.append(f"{what} +{p50:.0f} / +{p99:.0f} ms")
+    return f"p50 / p99 of each step, over {len(seen)} pods: created, " + ", ".join(parts)
+
+
 def cpu_by_process(cluster: Cluster) -> dict[int, tuple[str, float]]:
     """pid -> (component, CPU seconds so far, user + system), for the harness's processes and
     the machine (pid 0: every CPU's busy time).
@@ -329,10 +538,8 @@ def apiserver_requests(api: Api) -> dict[str, float]:
     return counts
 
 
-def scheduler_attempts(cluster: Cluster, port: int) -> str:
-    """kube-scheduler's own account of its scheduling cycles, from its /metrics at `port`:
-    attempts by result and their mean duration (the serial cycle: filter, extenders, score,
-    reserve)."""
+def scheduler_metrics(cluster: Cluster, port: int) -> str | None:
+    """kube-scheduler's /metrics at `port` (None, said on stderr, when it does not answer)."""
     try:
         with warnings.catch_warnings():  # the scheduler's self-signed serving certificate
             warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
@@ -344,22 +551,38 @@ def scheduler_attempts(cluster: Cluster, port: int) -> str:
             )
         response.raise_for_status()
     except requests.RequestException as exc:
-        return f"(no kube-scheduler metrics: {exc})"
+        print(f"  (no kube-scheduler metrics: {exc})", file=sys.stderr, flush=True)
+        return None
+    return response.text
+
+
+def histogram_means(
+    text: str, family: str, by: str, only: str = ""
+) -> dict[str, tuple[int, float]]:
+    """From a Prometheus text page, a histogram's observations summed over its series by the
+    value of label `by` (series with `only` in their labels, when given): value -> (count,
+    mean in ms), sorted by value, values never observed left out."""
     counts: dict[str, float] = {}
     sums: dict[str, float] = {}
-    for line in response.text.splitlines():
-        for prefix, into in (
-            ("scheduler_scheduling_attempt_duration_seconds_count{", counts),
-            ("scheduler_scheduling_attempt_duration_seconds_sum{", sums),
-        ):
-            if line.startswith(prefix) and 'result="' in line:
-                result = line.split('result="', 1)[1].split('"', 1)[0]
-                into[result] = into.get(result, 0.0) + float(line.rsplit(" ", 1)[1])
-    parts = [
-        f"{result} {int(n)} (mean {1000 * sums.get(result, 0) / n:.1f} ms)"
-        for result, n in sorted(counts.items())
-        if n
-    ]
+    for line in text.splitlines():
+        for prefix, into in ((f"{family}_count{{", counts), (f"{family}_sum{{", sums)):
+            if line.startswith(prefix) and f'{by}="' in line and only in line:
+                value = line.split(f'{by}="', 1)[1].split('"', 1)[0]
+                into[value] = into.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
+    return {
+        value: (int(n), 1000 * sums.get(value, 0.0) / n) for value, n in sorted(counts.items()) if n
+    }
+
+
+def scheduler_attempts(cluster: Cluster, port: int) -> str:
+    """kube-scheduler's own account of its scheduling cycles, from its /metrics at `port`:
+    attempts by result and their mean duration (the serial cycle: filter, extenders, score,
+    reserve)."""
+    text = scheduler_metrics(cluster, port)
+    if text is None:
+        return "(no kube-scheduler metrics)"
+    means = histogram_means(text, "scheduler_scheduling_attempt_duration_seconds", "result")
+    parts = [f"{result} {n} (mean {ms:.1f} ms)" for result, (n, ms) in means.items()]
     return "kube-scheduler attempts: " + (", ".join(parts) or "none")
 
 
@@ -377,6 +600,7 @@ def run_phase(
     scheduler_name: str | None,
     profile: dict[str, Any] | None = None,
     burst: int = 0,
+    dra: Dra | None = None,
 ) -> Result:
     """Throughput from a backlog, then latency from a paced stream, for one set-up.
 
@@ -391,6 +615,11 @@ def run_phase(
     Burst: then `burst` pods created at once (a thread each) onto the nodes labelled
     BURST_LABEL, while the scheduler runs: seconds from the first create to the last binding.
     Last, the round's checks (`round_faults`), printed and counted in `faults`.
+    `dra`: DRA mode (e): each pod points at the namespace's claim template instead of asking
+    Tessera's resources, the claim controller starts with kube-scheduler, at the same moment
+    (so the backlog's time includes making every pod's claim, as it would for pods arriving at
+    a running cluster; it keeps running for the clean-up, which the caller does), and the cards
+    are checked from the claims' allocations.
     """
     cluster.stop_component("kube-scheduler")
     api.post("/api/v1/namespaces", objects.namespace(namespace, webhook=webhook))
@@ -398,6 +627,9 @@ def run_phase(
         f"/api/v1/namespaces/{namespace}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
     )
+    if dra is not None:
+        path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+        api.post(path, shared_claim_template(dra.template, dra.memory_mib, dra.compute))
     rv = api.get(f"/api/v1/namespaces/{namespace}/pods")["metadata"]["resourceVersion"]
     bound: dict[str, float] = {}
     nodes_seen: dict[str, set[str]] = {}
@@ -407,6 +639,18 @@ def run_phase(
         target=watch_bindings, args=(api, namespace, rv, bound, nodes_seen, stop), daemon=True
     )
     watcher.start()
+    made: dict[str, float] = {}
+    protected: dict[str, float] = {}
+    allocated: dict[str, float] = {}
+    if dra is not None:
+        claims_rv = api.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["metadata"][
+            "resourceVersion"
+        ]
+        threading.Thread(
+            target=watch_claims,
+            args=(api, namespace, claims_rv, made, allocated, stop, protected),
+            daemon=True,
+        ).start()
     time.sleep(0.5)
     # Without an extender the four resources are ordinary extended resources to kube-scheduler,
     # and the nodes advertise only nvidia.com/gpu (slots): (a) asks for one slot, the others for
@@ -415,6 +659,8 @@ def run_phase(
 
     def create(name: str, selector: dict[str, str] | None = None) -> None:
         pod = objects.gpu_pod(name, scheduler_name=scheduler_name, **sized)
+        if dra is not None:
+            pod = with_claim_template(pod, dra.template)
         pod["spec"]["nodeSelector"].update(selector or {})
         api.post(f"/api/v1/namespaces/{namespace}/pods", pod)
         created[name] = time.monotonic()
@@ -434,6 +680,24 @@ def run_phase(
     if isinstance(extender, Hami):
         extender.start_scheduler()
         scheduler_port = extender.scheduler_port
+    elif dra is not None:
+        # Both at once, as both run in a cluster the pods arrive at: neither start waits on
+        # the other's, and the claims are made while kube-scheduler starts.
+        def start_controller() -> float:
+            start_claim_controller(cluster, dra.controller, dra.qps)
+            return time.monotonic() - start
+
+        with ThreadPoolExecutor(1) as pool:
+            controller = pool.submit(start_controller)
+            cluster.start_scheduler(extender=extender, profile=profile)
+            scheduler_ready = time.monotonic() - start
+            controller_ready = controller.result()  # its failure stops the run, with its reason
+        print(
+            f"  (kube-scheduler answered its probe {scheduler_ready:.1f} s into the backlog, "
+            f"the claim controller {controller_ready:.1f} s)",
+            flush=True,
+        )
+        scheduler_port = cluster.state["components"]["kube-scheduler"]["ports"]["kube-scheduler"]
     else:
         cluster.start_scheduler(extender=extender, profile=profile)
         scheduler_port = cluster.state["components"]["kube-scheduler"]["ports"]["kube-scheduler"]
@@ -443,6 +707,8 @@ def run_phase(
     cpu_after = cpu_by_process(cluster)
     backlog_wall = max(time.monotonic() - start, 1e-9)
     attempts = scheduler_attempts(cluster, scheduler_port)
+    if dra is not None:
+        attempts += f"\n  {dra_plugin_times(cluster, scheduler_port)}"
     requests_after = apiserver_requests(api)
 
     count, rate = paced
@@ -464,6 +730,8 @@ def run_phase(
             bursts.append(max(bound[n] for n in names) - burst_began)
     items = api.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
     cards_used, over, doubled, lost, pending = round_faults(items, set(created), nodes_seen)
+    if dra is not None:  # the pods carry no card: kube-scheduler's record is the claims'
+        cards_used, over = over_allocated_claims(claims_of(api, namespace), dra.devices)
     stop.set()
     latencies = sorted(
         max(0.0, bound[n] - created[n]) * 1000 for n in stream if n in bound and n in created
@@ -501,13 +769,20 @@ def run_phase(
         f"p99 {result.p99_ms:7.0f} ms",
         flush=True,
     )
+    scheduling = scheduler_side(spent, len(done))
     # Where the backlog's CPU went (the machine's cores are shared by every component).
     spent = {name: seconds for name, seconds in spent.items() if seconds >= 0.05}
     print(f"  {attempts}", flush=True)
+    print(f"  CPU per backlog pod, scheduler side: {scheduling}", flush=True)
     print(
         f"  the stream's slowest pods, created at (of {count / rate:.1f} s): {tail or 'none'}",
         flush=True,
     )
+    if dra is not None:
+        print(
+            f"  the stream's {claim_steps(stream, created, made, allocated, bound, protected)}",
+            flush=True,
+        )
     served = {
         key: requests_after[key] - requests_before.get(key, 0.0)
         for key in requests_after
@@ -543,6 +818,34 @@ def run_phase(
         flush=True,
     )  # fmt: skip
     return result
+
+
+# The processes on a pod's way from creation to binding, whichever set-up runs them: the
+# schedulers, the extenders, the claim controller, Tessera's control plane and reconciler.
+SCHEDULER_SIDE = (
+    "kube-scheduler",
+    "hami-kube-scheduler",
+    "noop-extender",
+    "extender",
+    "hami-scheduler",
+    CLAIM_CONTROLLER,
+    "controlplane",
+    "webhook",
+    "celery",
+    "celery-worker",
+    "celery-beat",
+)
+
+
+def scheduler_side(spent: dict[str, float], pods: int) -> str:
+    """CPU ms per pod of each scheduler-side process that ran (`spent`: CPU seconds by
+    component over the backlog, `pods` bound in it)."""
+    parts = [
+        f"{name} {1000 * spent[name] / max(pods, 1):.1f} ms"
+        for name in SCHEDULER_SIDE
+        if name in spent
+    ]
+    return ", ".join(parts) or "none measured"
 
 
 def settle(cluster: Cluster, timeout: float = 180) -> None:
@@ -641,15 +944,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="set-ups to run, e.g. a,c (default a,b,c,d, less d when HAMi cannot be had here)",
+        help="set-ups to run, e.g. a,c,e (default a,b,c,d,e, less d when HAMi cannot be had here)",
     )
     parser.add_argument(
         "--rounds",
         type=int,
         default=2,
-        help="split each set-up's pods into this many backlogs, run in the order a b c d, then "
-        "d c b a, ...: the machine's speed drifts over a run, and the mirrored order gives every "
-        "set-up the same share of early and late",
+        help="split each set-up's pods into this many backlogs, run in the order a b c d e, "
+        "then e d c b a, ...: the machine's speed drifts over a run, and the mirrored order "
+        "gives every set-up the same share of early and late",
     )
     parser.add_argument(
         "--variant",
@@ -677,6 +980,14 @@ def main(argv: list[str] | None = None) -> int:
         "an integer value is sent as one), e.g. percentageOfNodesToScore=0",
     )
     parser.add_argument(
+        "--claim-qps",
+        type=int,
+        default=1000,
+        help="(e): requests/s of the claim controller's client, burst twice that (default: "
+        "what the harness gives kube-scheduler's; 0: kube-controller-manager's own default, "
+        "20/s burst 30, about 10 pods/s)",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", ""),
         help="a PostgreSQL server for the control plane (a scratch database is made on it and "
@@ -691,9 +1002,9 @@ def main(argv: list[str] | None = None) -> int:
         k: int(v) if v.lstrip("-").isdigit() else v
         for k, v in settings_from(parser, "--variant-profile", args.variant_profile).items()
     }
-    phases = set((args.only or "a,b,c,d").split(","))
-    if not phases <= set("abcd"):
-        parser.error(f"--only {args.only}: set-ups are a, b, c and d")
+    phases = set((args.only or "a,b,c,d,e").split(","))
+    if not phases <= set("abcde"):
+        parser.error(f"--only {args.only}: set-ups are a, b, c, d and e")
     hami_found: dict[str, Path] = {}
     if "d" in phases:  # before the cluster: a cold build takes minutes
         try:
@@ -704,6 +1015,9 @@ def main(argv: list[str] | None = None) -> int:
             phases.discard("d")
             print(f"# (d) left out: HAMi's scheduler cannot be built here ({exc})", flush=True)
     phases |= {"v"} if variant or checkout or profile else set()
+    controller: Path | None = None
+    if "e" in phases:  # before the cluster, and never skipped: (e) is what DRA mode is for
+        controller = build_binaries(("kube-controller-manager",))["kube-controller-manager"]
 
     scratch = ScratchDatabase(args.database_url or None, Path(tempfile.mkdtemp()))
     env = {"TESSERA_LOG_LEVEL": "WARNING"}
@@ -732,10 +1046,20 @@ def main(argv: list[str] | None = None) -> int:
     by_key: dict[str, list[Result]] = {}
     labels: dict[str, str] = {}
     hami: Hami | None = None
+    dra: Dra | None = None
     try:
         api = Api(cluster)
         inventories = setup_nodes(cluster, api, args.nodes, args.cards, args.workers)
         label_burst_nodes(api, sorted(inventories)[: args.burst_nodes])
+        if controller is not None:
+            dra = prepare_dra(
+                api,
+                sorted(inventories),
+                args.cards,
+                args.workers,
+                controller,
+                args.claim_qps or None,
+            )
         if hami_found:
             hami = Hami(cluster, hami_found)
             hami.register_nodes(api, inventories)
@@ -748,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
             ("c", "(c) + Tessera extender", "tessera", True),
             ("d", "(d) HAMi, client as shipped 5/s b10", "hami", False),
             ("dr", f"(d) HAMi, client raised {RAISED[0]}/s b{RAISED[1]}", "hami", False),
+            ("e", "(e) DRA mode, no extender", "none", True),
         ]
         if variant or checkout or profile:
             what = (
@@ -764,7 +1089,20 @@ def main(argv: list[str] | None = None) -> int:
             if phase[0][0] in phases
         ]
         noop = ""
+        mode = ""  # the control plane's TESSERA_MODE: its default, extender, until (e)
         for i, (r, key, label, named, webhook) in enumerate(schedule):
+            if (key == "e") != (mode == "dra"):
+                # (e) meets the control plane as a DRA-mode deployment runs it (its webhook,
+                # its reconciler mirroring claims); the others, as extender mode does.
+                mode = "dra" if key == "e" else ""
+                began = time.monotonic()
+                cluster.restart_controlplane({**env, "TESSERA_MODE": mode} if mode else env)
+                print(
+                    f"# the control plane and its reconciler restarted with TESSERA_MODE="
+                    f"{mode or 'unset (extender)'} in {time.monotonic() - began:.0f} s",
+                    flush=True,
+                )
+                settle(cluster)
             extender: str | Hami = named or ""
             scheduler_name: str | None = None if webhook else "tessera-scheduler"
             if named is None:
@@ -796,6 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler_name,
                 profile if key == "v" else None,
                 args.burst if key in ("c", "d", "dr") else 0,
+                dra if key == "e" else None,
             )
             by_key.setdefault(key, []).append(result)
             if key in "cv" and not any(k == key for _, k, *_ in schedule[i + 1 :]):
@@ -805,6 +1144,12 @@ def main(argv: list[str] | None = None) -> int:
                 extender.stop()
             if i < len(schedule) - 1:
                 clean_up(api, namespace, args.timeout, args.workers)
+                if key == "e":
+                    clean_up_claims(api, namespace, args.timeout, args.workers)
+            if key == "e":
+                # Only for its own rounds, as HAMi's: its informers would cost the others CPU.
+                cluster.stop_component(CLAIM_CONTROLLER)
+            if i < len(schedule) - 1:
                 settle(cluster)
     finally:
         if hami is not None:
@@ -836,6 +1181,10 @@ def main(argv: list[str] | None = None) -> int:
         d = results.get(key)
         if c and d:
             print(f"(c)/(d) Tessera against {d.label[4:]}: " + ratios(c, d), flush=True)
+    e = results.get("e")
+    if e:
+        for line in goals(e, a, c):
+            print(line, flush=True)
     v = results.get("v")
     if v and b and b.pods_per_s:
         print(f"(v)/(b) throughput: {v.pods_per_s / b.pods_per_s:.2f}")

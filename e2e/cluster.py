@@ -678,6 +678,21 @@ class Cluster:
         hook_url = f"https://127.0.0.1:{hook_port}/readyz"
         self._wait_ready(hook, lambda: http_ok(hook_url, ca, ok_json), f"GET {hook_url}")
 
+    def restart_controlplane(self, env: dict[str, str]) -> None:
+        """Run the control plane's replicas (REST API and webhook) and its reconciler again
+        with `env` over the harness's settings in place of `Options.controlplane_env`, on the
+        same database and ports: the benchmark runs its DRA-mode set-up under
+        `TESSERA_MODE=dra` between set-ups in extender mode. The extender sidecar keeps the
+        settings it was started with (DRA mode calls no extender)."""
+        self.options.controlplane_env = dict(env)
+        for replica in range(1, self.options.replicas + 1):
+            for name in self.replica_components(replica):
+                self.stop_component(name)
+            self.start_replica(replica)
+        for name in ("celery", "celery-worker", "celery-beat"):
+            self.stop_component(name)
+        self._start_celery()
+
     def restart_extender(self, env: dict[str, str], checkout: Path = ROOT) -> None:
         """Run the extender sidecar again with these settings over the control plane's, and the
         code of `checkout` (another clone of the project), so a bench can compare two settings
