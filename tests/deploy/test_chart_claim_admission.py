@@ -60,7 +60,7 @@ def test_dra_mode_gives_the_control_plane_read_access_and_a_token() -> None:
     role = of_kind(docs, "ClusterRole")["tessera-claims"]
     granted = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
     assert granted == {
-        ("resourceclaims", "get"), ("resourceclaims", "list"),
+        ("pods", "get"), ("resourceclaims", "get"), ("resourceclaims", "list"),
         ("resourceclaimtemplates", "get"), ("resourceslices", "list"),
     }  # fmt: skip
     binding = of_kind(docs, "ClusterRoleBinding")["tessera-claims"]
