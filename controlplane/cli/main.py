@@ -168,7 +168,39 @@ def why_table(answer: dict[str, Any]) -> str:
     reasons = answer.get("node_reasons") or {}
     if reasons:
         lines += ["", render.table(["NODE", "WHY NOT"], sorted(reasons.items()))]
+    lines += _claims_lines(answer)
     return "\n".join(lines)
+
+
+def _claims_lines(answer: dict[str, Any]) -> list[str]:
+    """DRA mode: the scheduler's reason, then per waiting claim's request the closest cards."""
+    lines = []
+    if answer.get("scheduler_reason"):
+        lines += ["", f"Scheduler: {answer['scheduler_reason']}"]
+    for claim in answer.get("claims") or []:
+        state = "allocated" if claim.get("allocated") else "not allocated"
+        lines += ["", f"Claim {claim.get('name')}: {claim.get('error') or state}"]
+        if claim.get("quota"):
+            lines.append(f"  Quota: {claim['quota']}")
+        for request in claim.get("requests") or []:
+            memory = request.get("memory_mib")
+            lines.append(
+                f"  Request {request.get('request')}: {request.get('count')} x "
+                f"{'whole card' if memory is None else f'{memory} MiB'}, "
+                f"{request.get('compute')}% compute; {request.get('fitting')} of "
+                f"{request.get('candidates')} card(s) fit"
+            )
+            rows = [
+                (c.get("node"), c.get("device"), f"{c.get('free_memory_mib')}/{c['memory_mib']}",
+                 f"{c.get('free_compute')}%", f"{c.get('free_slots')}/{c.get('slots')}")
+                for c in request.get("closest") or []
+            ]  # fmt: skip
+            if rows:
+                lines.append(
+                    render.table(["NODE", "CARD", "FREE MIB", "FREE COMPUTE", "FREE SLOTS"], rows)
+                )
+            lines.append(f"  To fit: {request.get('to_fit')}")
+    return lines
 
 
 def cmd_why(client: Client, args: argparse.Namespace) -> Any:

@@ -30,6 +30,7 @@ from controlplane.dashboard.forms import (
     QuotaForm,
 )
 from controlplane.dashboard.looks import namespace_looks
+from controlplane.extender import claim_pending
 from controlplane.ledger import fit_hints
 from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.models import Card, PodBinding
@@ -280,11 +281,14 @@ def bindings(request: HttpRequest) -> HttpResponse:
 def pod(request: HttpRequest, namespace: str, name: str) -> HttpResponse:
     """`/pods/<namespace>/<name>/`: allocation per container, decision log, why pending."""
     detail = selectors.pod_detail(namespace, name)
-    status = 404 if detail.binding is None and detail.decision is None else 200
-    fit = None
+    fit = claims = None
     if detail.status is not None:
         fit = fit_hints.hints_for(namespace, detail.status.outcome, detail.status.decision)
-    return render(request, "dashboard/pod.html", {"pod": detail, "fit": fit}, status=status)
+    else:  # no record in the ledger: the pod may wait on ResourceClaims (DRA mode)
+        claims, _ = claim_pending.pod_claims_status_or_none(namespace, name)
+    unknown = detail.binding is None and detail.decision is None and claims is None
+    context = {"pod": detail, "fit": fit, "claims": claims}
+    return render(request, "dashboard/pod.html", context, status=404 if unknown else 200)
 
 
 @require_http_methods(["GET", "POST"])

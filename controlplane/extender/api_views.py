@@ -18,6 +18,7 @@ from controlplane.access.roles import Role, has_role
 from controlplane.api.fields import StrictSerializer
 from controlplane.api.names import CardUUIDField, check_path
 from controlplane.api.schema import EXAMPLE, conflict
+from controlplane.extender import claim_pending
 from controlplane.ledger import fit_hints, selectors, why
 from controlplane.ledger.services import bindings
 
@@ -52,6 +53,19 @@ class WhySerializer(serializers.Serializer):
         "bindings on the best card to wait for, and the namespace quota "
         "(controlplane/ledger/fit_hints.py); null otherwise.",
     )
+    scheduler_reason = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="DRA mode, a pod waiting on ResourceClaims: kube-scheduler's reason (its "
+        "PodScheduled condition).",
+    )
+    claims = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="DRA mode: per claim the pod names, allocated or not, and if not, per request "
+        "the cards that come closest, what would make it fit and the quota in the way "
+        "(controlplane/ledger/claim_why.py).",
+    )
 
 
 class WhyView(APIView):
@@ -64,10 +78,34 @@ class WhyView(APIView):
         _check_pod_name(namespace, name)
         status = why.pod_status(namespace, name)
         if status is None:
+            claims, problem = claim_pending.pod_claims_status_or_none(namespace, name)
+            if claims is not None:
+                return Response(
+                    {
+                        "namespace": namespace,
+                        "name": name,
+                        "pod_uid": claims.pod_uid,
+                        "outcome": claims.outcome,
+                        "summary": claims.text,
+                        "decided_at": None,
+                        "nodes_considered": None,
+                        "feasible_nodes": [],
+                        "reason_counts": {},
+                        "node_reasons": {},
+                        "binding": None,
+                        "fit": None,
+                        **claims.as_dict(),
+                    }
+                )
+            unasked = (
+                f" Whether it waits on a ResourceClaim could not be read: {problem}."
+                if problem
+                else ""
+            )
             raise NotFound(
                 f"Tessera has no scheduling decision for pod {namespace}/{name}. Either the "
                 "scheduler has not tried it yet, or it asks for no GPU resource, or it is not "
-                "scheduled by tessera-scheduler (check spec.schedulerName)."
+                f"scheduled by tessera-scheduler (check spec.schedulerName).{unasked}"
             )
         decision, binding = status.decision, status.binding
         fit = fit_hints.hints_for(namespace, status.outcome, decision)

@@ -10,4 +10,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("scheduler/bind", views.bind_view, name="extender-bind"),
     path("scheduler/preempt", views.preempt_view, name="extender-preempt"),
     path("webhook/mutate", views.mutate_view, name="webhook-mutate"),
+    path("webhook/validate-claims", views.validate_claims_view, name="webhook-validate-claims"),
 ]

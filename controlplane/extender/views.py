@@ -1,4 +1,4 @@
-"""HTTP adapters of the extender (`/scheduler/*`) and the admission webhook (`/webhook/mutate`).
+"""HTTP adapters of the extender (`/scheduler/*`) and the admission webhooks (`/webhook/*`).
 
 Plain Django views, not DRF: these are machine protocols with their own JSON shapes, on the
 scheduling hot path. They validate and translate; `verbs`, `preemption` and `webhook` decide.
@@ -23,9 +23,10 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.extender import verbs, wire
+from controlplane.extender import claims_admission, verbs, wire
 from controlplane.extender.preemption import verb as preempt_verb
-from controlplane.extender.webhook import review_pod
+from controlplane.extender.webhook import Admission, review_pod
+from controlplane.kube import adapter
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
 from controlplane.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
@@ -186,9 +187,8 @@ def _review_response(api_version: str, uid: str, response: dict[str, Any]) -> Ht
     )
 
 
-@csrf_exempt
-def mutate_view(request: HttpRequest) -> HttpResponse:
-    """`POST /webhook/mutate`: AdmissionReview v1 in, AdmissionReview v1 out (same `uid`)."""
+def _admission(request: HttpRequest) -> tuple[str, str, dict[str, Any]] | HttpResponse:
+    """An AdmissionReview's (apiVersion, uid, request), or the answer to a call that is none."""
     refused = _refuse_method(request)
     if refused is not None:
         return refused
@@ -207,26 +207,24 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
     api_version = review.get("apiVersion") or "admission.k8s.io/v1"
     if not isinstance(api_version, str) or not api_version.startswith("admission.k8s.io/"):
         api_version = "admission.k8s.io/v1"
-    kind = admission.get("kind") if isinstance(admission.get("kind"), dict) else {}
-    pod = admission.get("object")
+    return api_version, uid, admission
+
+
+def _created(admission: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The object of a CREATE of `kind` (not of a subresource), else None."""
+    named = admission.get("kind") if isinstance(admission.get("kind"), dict) else {}
+    obj = admission.get("object")
     if (
         admission.get("operation") != "CREATE"
-        or kind.get("kind") != "Pod"
+        or named.get("kind") != kind
         or admission.get("subResource")
-        or not isinstance(pod, dict)
+        or not isinstance(obj, dict)
     ):
-        return _review_response(api_version, uid, {"allowed": True})
-    try:
-        decision = review_pod(
-            pod,
-            selectors.scheduling_config(),
-            settings.TESSERA["SCHEDULER_NAME"],
-            selectors.inventory_limits,
-            settings.TESSERA["ADOPTED_SCHEDULERS"],
-        )
-    except Exception:  # a webhook bug must not read as a verdict; failurePolicy decides
-        log.exception("admission review %s failed", uid)
-        return _json({"error": "internal error; the control plane log has it"}, 500)
+        return None
+    return obj
+
+
+def _verdict(api_version: str, uid: str, decision: Admission) -> HttpResponse:
     if not decision.allowed:
         return _review_response(
             api_version,
@@ -241,3 +239,58 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode("ascii")
     return _review_response(api_version, uid, body)
+
+
+def _internal_error(uid: str) -> HttpResponse:
+    # a webhook bug must not read as a verdict; failurePolicy decides
+    log.exception("admission review %s failed", uid)
+    return _json({"error": "internal error; the control plane log has it"}, 500)
+
+
+@csrf_exempt
+def mutate_view(request: HttpRequest) -> HttpResponse:
+    """`POST /webhook/mutate`: AdmissionReview v1 in, AdmissionReview v1 out (same `uid`)."""
+    parsed = _admission(request)
+    if isinstance(parsed, HttpResponse):
+        return parsed
+    api_version, uid, admission = parsed
+    pod = _created(admission, "Pod")
+    if pod is None:
+        return _review_response(api_version, uid, {"allowed": True})
+    try:
+        decision = review_pod(
+            pod,
+            selectors.scheduling_config(),
+            settings.TESSERA["SCHEDULER_NAME"],
+            selectors.inventory_limits,
+            settings.TESSERA["ADOPTED_SCHEDULERS"],
+        )
+    except Exception:
+        return _internal_error(uid)
+    return _verdict(api_version, uid, decision)
+
+
+@csrf_exempt
+def validate_claims_view(request: HttpRequest) -> HttpResponse:
+    """`POST /webhook/validate-claims` (DRA mode): Tessera's namespace quotas on the
+    ResourceClaims created, and on the claims a created pod's templates will make
+    (`claims_admission`). An API server that cannot be read answers 500, so the configuration's
+    `failurePolicy: Fail` refuses the create rather than letting a claim past the quota."""
+    parsed = _admission(request)
+    if isinstance(parsed, HttpResponse):
+        return parsed
+    api_version, uid, admission = parsed
+    claim, pod = _created(admission, "ResourceClaim"), _created(admission, "Pod")
+    namespace = admission.get("namespace")
+    if (claim is None and pod is None) or not isinstance(namespace, str) or not namespace:
+        return _review_response(api_version, uid, {"allowed": True})
+    try:
+        kube = adapter.get_kube()
+        if claim is not None:
+            decision = claims_admission.review_claim(claim, namespace, kube)
+        else:
+            assert pod is not None
+            decision = claims_admission.review_pod_claims(pod, namespace, kube)
+    except Exception:
+        return _internal_error(uid)
+    return _verdict(api_version, uid, decision)

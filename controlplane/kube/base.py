@@ -99,6 +99,15 @@ class Kube(Protocol):
     def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's policy/v1 PodDisruptionBudgets. Raises KubeError."""
 
+    def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """resource.k8s.io/v1 ResourceClaims (of a namespace, or all). Raises KubeError."""
+
+    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ResourceClaimTemplate, or None when it does not exist. Raises KubeError."""
+
+    def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
+        """The ResourceSlices `driver` publishes. Raises KubeError."""
+
 
 # --- API time accounting -------------------------------------------------------------------------
 

@@ -238,6 +238,16 @@ class EmbeddedKube:
     def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
         return []
 
+    # The stand-in runs no DRA: no claims, templates or slices exist there.
+    def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
+        return []
+
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         # No kubectl reads the stand-in's events: the log is where the demo tells them.
         log.info(

@@ -399,6 +399,49 @@ class RealKube:
                 raise self.error_of(exc, f"list PodDisruptionBudgets of {namespace}") from exc
             return list(answer.get("items") or [])
 
+    def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        api = client.ResourceV1Api(self.api.api_client)
+        with timed():
+            try:
+                if namespace:
+                    response = api.list_namespaced_resource_claim(
+                        namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                    )
+                else:
+                    response = api.list_resource_claim_for_all_namespaces(
+                        _preload_content=False, _request_timeout=API_TIMEOUT_S
+                    )
+            except Exception as exc:  # translated
+                raise self.error_of(exc, f"list ResourceClaims of {namespace or 'all'}") from exc
+            return list(self.read_json(response).get("items") or [])
+
+    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        api = client.ResourceV1Api(self.api.api_client)
+        with timed():
+            try:
+                response = api.read_namespaced_resource_claim_template(
+                    name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                )
+            except Exception as exc:  # translated
+                error = self.error_of(exc, f"get ResourceClaimTemplate {namespace}/{name}")
+                if error.not_found:
+                    return None
+                raise error from exc
+            return self.read_json(response)
+
+    def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
+        api = client.ResourceV1Api(self.api.api_client)
+        with timed():
+            try:
+                response = api.list_resource_slice(
+                    field_selector=f"spec.driver={driver}",
+                    _preload_content=False,
+                    _request_timeout=API_TIMEOUT_S,
+                )
+            except Exception as exc:  # translated
+                raise self.error_of(exc, f"list ResourceSlices of {driver}") from exc
+            return list(self.read_json(response).get("items") or [])
+
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""
         body = {

@@ -124,6 +124,7 @@ def test_template_renders_named_namespaced_objects(values: tuple[str, ...]) -> N
         "ClusterRole",
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
         "DeviceClass",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",

@@ -24,6 +24,7 @@ from nodeplugin.dra_publish import SlicePublisher
 from nodeplugin.dra_slices import DRIVER, UNHEALTHY_TAINT, build_slices, slice_name
 from nodeplugin.kubeapi import KubeApi, KubeApiError
 from tests.deploy.chart import CHART, NAMESPACE, RELEASE, render, run_helm
+from tests.deploy.test_install import can
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("helm")]
 
@@ -237,3 +238,31 @@ def test_a_nodes_plugin_cannot_touch_another_nodes_slices(
         assert await api.get_resource_claim("default", "no-such-claim") is None
 
     asyncio.run(scenario())
+
+
+def test_the_claim_webhook_is_accepted_and_the_control_plane_reads_only_what_it_needs(
+    kube: Any, installed: list[dict[str, Any]]
+) -> None:
+    """The API server took the claim webhook as rendered (its CEL scope compiles), and the
+    control plane's ServiceAccount may read what the webhook and why-pending read, no more."""
+    from kubernetes import client
+
+    (rendered,) = [d for d in installed if d["kind"] == "ValidatingWebhookConfiguration"]
+    name = rendered["metadata"]["name"]
+    stored_config = client.AdmissionregistrationV1Api(kube).read_validating_webhook_configuration(
+        name
+    )
+    assert [h.name for h in stored_config.webhooks] == [
+        "claims.tessera.io",
+        "claim-pods.tessera.io",
+    ]
+    assert all(h.client_config.ca_bundle for h in stored_config.webhooks)
+    resource = "resource.k8s.io"
+    assert can(kube, "controlplane", "get", "pods")
+    assert can(kube, "controlplane", "list", "resourceclaims", group=resource)
+    assert can(kube, "controlplane", "get", "resourceclaimtemplates", group=resource)
+    assert can(kube, "controlplane", "list", "resourceslices", group=resource, namespace="")
+    assert not can(kube, "controlplane", "list", "pods")
+    assert not can(kube, "controlplane", "create", "resourceclaims", group=resource)
+    assert not can(kube, "controlplane", "update", "resourceslices", group=resource, namespace="")
+    assert not can(kube, "controlplane", "list", "secrets")

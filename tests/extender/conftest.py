@@ -46,6 +46,11 @@ class FakeKube:
         self.refuse_eviction: Callable[[str, str], bool] | None = None
         self.keep_evicted = False  # True: an evicted pod lingers (its grace period)
         self.budgets: list[dict[str, Any]] = []
+        # resource.k8s.io/v1 objects, as the API server serves them
+        self.claims: list[dict[str, Any]] = []
+        self.claim_templates: dict[tuple[str, str], dict[str, Any]] = {}
+        self.resource_slices: list[dict[str, Any]] = []
+        self.fail_claims: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +122,22 @@ class FakeKube:
 
     def list_disruption_budgets(self, namespace) -> list[dict[str, Any]]:
         return [copy.deepcopy(b) for b in self.budgets if b["metadata"]["namespace"] == namespace]
+
+    def list_resource_claims(self, namespace=None) -> list[dict[str, Any]]:
+        if self.fail_claims is not None:
+            self.fail_claims()
+        return [
+            copy.deepcopy(c)
+            for c in self.claims
+            if namespace in (None, c["metadata"].get("namespace"))
+        ]
+
+    def get_resource_claim_template(self, namespace, name) -> dict[str, Any] | None:
+        found = self.claim_templates.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list_resource_slices(self, driver) -> list[dict[str, Any]]:
+        return [copy.deepcopy(s) for s in self.resource_slices if s["spec"]["driver"] == driver]
 
 
 @pytest.fixture

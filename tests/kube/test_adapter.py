@@ -66,8 +66,23 @@ class FakeApiServer(JsonHandler):
             else:
                 status = self.namespace_status
                 self.send_json(status, {"kind": "Status", "code": status, "message": "refused"})
+        elif self.path.startswith("/apis/resource.k8s.io/v1/"):
+            self._send_dra(self.path.removeprefix("/apis/resource.k8s.io/v1/"))
         else:
             self.send_json(404, {"kind": "Status", "code": 404, "message": "pods not found"})
+
+    def _send_dra(self, path: str) -> None:
+        """DRA objects: a claim in team-a, a template t there, a slice of gpu.tessera.io."""
+        route, _, query = path.partition("?")
+        item = {"metadata": {"name": route.rsplit("/", 1)[-1]}}
+        if route in ("namespaces/team-a/resourceclaims", "resourceclaims"):
+            self.send_json(200, {"kind": "ResourceClaimList", "items": [item]})
+        elif route == "namespaces/team-a/resourceclaimtemplates/t":
+            self.send_json(200, {"kind": "ResourceClaimTemplate", **item})
+        elif route == "resourceslices" and "spec.driver%3Dgpu.tessera.io" in query:
+            self.send_json(200, {"kind": "ResourceSliceList", "items": [item]})
+        else:
+            self.send_json(404, {"kind": "Status", "code": 404, "message": "not found"})
 
 
 @pytest.fixture
@@ -161,6 +176,19 @@ def test_real_client_reads_pods_as_the_api_server_serves_them(api_server) -> Non
     pod = api_server.get_pod("default", "p")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert api_server.get_pod("default", "missing") is None
+
+
+def test_real_client_reads_claims_templates_and_the_drivers_slices(api_server) -> None:
+    assert [c["metadata"]["name"] for c in api_server.list_resource_claims("team-a")] == [
+        "resourceclaims"
+    ]
+    assert len(api_server.list_resource_claims()) == 1
+    assert api_server.get_resource_claim_template("team-a", "t")["metadata"]["name"] == "t"
+    assert api_server.get_resource_claim_template("team-a", "gone") is None
+    assert len(api_server.list_resource_slices("gpu.tessera.io")) == 1
+    with pytest.raises(KubeError) as err:
+        api_server.list_resource_claims("team-b")
+    assert err.value.not_found
 
 
 def test_the_cluster_identity_is_the_uid_of_kube_system(api_server, caplog) -> None:
