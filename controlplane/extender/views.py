@@ -24,8 +24,10 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.extender import verbs, wire
+from controlplane.extender.dra_admission import review_pod_dra
 from controlplane.extender.preemption import verb as preempt_verb
 from controlplane.extender.webhook import review_pod
+from controlplane.kube import adapter
 from controlplane.kube.base import api_ms, reset_api_ms
 from controlplane.ledger import selectors
 from controlplane.metrics import BIND_APISERVER, BIND_OUTCOMES, EXTENDER_LATENCY
@@ -186,6 +188,16 @@ def _review_response(api_version: str, uid: str, response: dict[str, Any]) -> Ht
     )
 
 
+def _namespace_of(admission: dict[str, Any], pod: dict[str, Any]) -> str:
+    """The pod's namespace: the review's (a pod's own metadata may leave it out at creation)."""
+    given = admission.get("namespace")
+    if isinstance(given, str) and given:
+        return given
+    meta = pod.get("metadata")
+    named = meta.get("namespace") if isinstance(meta, dict) else None
+    return named if isinstance(named, str) and named else "default"
+
+
 @csrf_exempt
 def mutate_view(request: HttpRequest) -> HttpResponse:
     """`POST /webhook/mutate`: AdmissionReview v1 in, AdmissionReview v1 out (same `uid`)."""
@@ -217,13 +229,26 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
     ):
         return _review_response(api_version, uid, {"allowed": True})
     try:
-        decision = review_pod(
-            pod,
-            selectors.scheduling_config(),
-            settings.TESSERA["SCHEDULER_NAME"],
-            selectors.inventory_limits,
-            settings.TESSERA["ADOPTED_SCHEDULERS"],
-        )
+        if settings.TESSERA["MODE"] == "dra":
+            # kube-scheduler allocates claims: the pod's HAMi resources become claims.
+            decision = review_pod_dra(
+                pod,
+                _namespace_of(admission, pod),
+                selectors.scheduling_config(),
+                settings.TESSERA["SCHEDULER_NAME"],
+                selectors.inventory_limits,
+                settings.TESSERA["ADOPTED_SCHEDULERS"],
+                adapter.get_kube(),
+                dry_run=admission.get("dryRun") is True,
+            )
+        else:
+            decision = review_pod(
+                pod,
+                selectors.scheduling_config(),
+                settings.TESSERA["SCHEDULER_NAME"],
+                selectors.inventory_limits,
+                settings.TESSERA["ADOPTED_SCHEDULERS"],
+            )
     except Exception:  # a webhook bug must not read as a verdict; failurePolicy decides
         log.exception("admission review %s failed", uid)
         return _json({"error": "internal error; the control plane log has it"}, 500)
@@ -237,6 +262,8 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
             },
         )
     body: dict[str, Any] = {"allowed": True}
+    if decision.warnings:
+        body["warnings"] = list(decision.warnings)
     if decision.patch:
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode("ascii")

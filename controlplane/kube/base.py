@@ -99,6 +99,13 @@ class Kube(Protocol):
     def list_disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's policy/v1 PodDisruptionBudgets. Raises KubeError."""
 
+    def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A resource.k8s.io/v1 ResourceClaimTemplate, or None when it does not exist."""
+
+    def create_claim_template(self, template: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaimTemplate in its metadata's namespace. Raises KubeError (409
+        when one of that name exists)."""
+
 
 # --- API time accounting -------------------------------------------------------------------------
 
