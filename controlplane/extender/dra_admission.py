@@ -49,14 +49,16 @@ def review_pod_dra(
     inventory: Callable[[], InventoryLimits],
     adopted: tuple[str, ...],
     kube: Kube,
+    card_sizes: Callable[[], tuple[int, ...]],
     dry_run: bool = False,
 ) -> Admission:
-    """Allow untouched, allow with the claims' patch, or deny with the reason."""
+    """Allow untouched, allow with the claims' patch, or deny with the reason. ``card_sizes``
+    gives the memory sizes of the cluster's shared cards (for memory percentages)."""
     reviewed = read_pod(pod, config, scheduler_name, inventory, adopted)
     if reviewed.verdict is not None or reviewed.request is None:
         return reviewed.verdict or Admission(True)
     try:
-        translation = translate(pod, reviewed.request, config)
+        translation = translate(pod, reviewed.request, config, card_sizes())
     except RequestError as exc:
         return deny(exc.field, exc.message)
     try:

@@ -10,7 +10,9 @@ What it builds (docs/dra.md, *HAMi pods in DRA mode*):
   `count` devices of Tessera's class for the pod's card modes, `capacity.requests` memory
   (MiB) and compute (percent) for shared and MPS cards, CEL selectors for the card type and
   UUID annotations, `distinctAttribute` on the card UUID for several GPUs and `matchAttribute`
-  on the NUMA node for `nvidia.com/numa-bind`. One claim per container, not one per pod: the
+  on the NUMA node for `nvidia.com/numa-bind`. A memory percentage becomes one alternative
+  (`firstAvailable`) per size of the cluster's shared cards, that percent of the size in MiB
+  on cards of exactly that size. One claim per container, not one per pod: the
   node plugin refuses two results of one claim on the same card (a container sees each card
   once), while two containers of a HAMi pod may share a card; two claims may.
 - the template's name is a digest of its spec (`tessera-hami-<digest>`), so every pod of the
@@ -134,9 +136,12 @@ def _whole(c: ContainerRequest) -> bool:
     return c.memory_mib is None and c.memory_percent in (None, 100)
 
 
-def _exact(c: ContainerRequest, request: PodRequest, mode: str) -> dict[str, Any]:
-    """One mode's device request for container ``c``, every default of the API server written
-    out (so a stored template compares equal to it)."""
+def _exact(
+    c: ContainerRequest, request: PodRequest, mode: str, card_mib: int | None = None
+) -> dict[str, Any]:
+    """One mode's device request for container ``c`` (for a memory percentage: on cards of
+    ``card_mib``), every default of the API server written out (so a stored template compares
+    equal to it)."""
     exact: dict[str, Any] = {
         "deviceClassName": DEVICE_CLASSES[mode],
         "allocationMode": "ExactCount",
@@ -153,6 +158,11 @@ def _exact(c: ContainerRequest, request: PodRequest, mode: str) -> dict[str, Any
         amounts: dict[str, str] = {}
         if c.memory_mib is not None:
             amounts["memory"] = f"{c.memory_mib}Mi"
+        elif card_mib is not None and c.memory_percent is not None:
+            # HAMi's rule: the percent of the chosen card, rounded down to whole MiB.
+            amounts["memory"] = f"{max(1, card_mib * c.memory_percent // 100)}Mi"
+            size = f'{_CAPACITY}.memory.compareTo(quantity("{card_mib}Mi")) == 0'
+            selectors.append({"cel": {"expression": size}})
         if c.cores:
             amounts["compute"] = str(c.cores)
         if amounts:
@@ -162,7 +172,17 @@ def _exact(c: ContainerRequest, request: PodRequest, mode: str) -> dict[str, Any
     return exact
 
 
-def _refuse_container(c: ContainerRequest, path: str, config: SchedulingConfig) -> None:
+#: Most subrequests of a `firstAvailable` list (resource.k8s.io/v1).
+MAX_SUBREQUESTS = 8
+
+
+def _refuse_container(
+    c: ContainerRequest,
+    path: str,
+    config: SchedulingConfig,
+    modes: tuple[str, ...],
+    card_sizes: tuple[int, ...],
+) -> None:
     names = config.resources
     where = f"{path}.resources"
     if c.mig_profile:
@@ -174,12 +194,27 @@ def _refuse_container(c: ContainerRequest, path: str, config: SchedulingConfig) 
             f"{DEVICE_CLASSES['mig']}",
         )
     if c.memory_percent not in (None, 100):
-        raise RequestError(
-            f"{where}.limits.{names.gpumem_percentage}",
-            f"is {c.memory_percent}: a ResourceClaim asks memory in bytes, and a percentage "
-            "depends on which card kube-scheduler picks, which is not known when the claim is "
-            f"written. Ask {names.gpumem} in MiB instead (or 100 / 0 for the whole card)",
-        )
+        field_path = f"{where}.limits.{names.gpumem_percentage}"
+        if "mig" in modes:
+            raise RequestError(
+                field_path,
+                f"is {c.memory_percent} on a pod that accepts MIG cards; a MIG placement is "
+                f"allocated whole, so ask {names.gpumem} in MiB (a placement at least that large)",
+            )
+        if not card_sizes:
+            raise RequestError(
+                field_path,
+                f"is {c.memory_percent}, but no shared card is registered yet, and a claim asks "
+                f"memory in bytes per card size. Ask {names.gpumem} in MiB, or create the pod "
+                "once the nodes have reported their cards",
+            )
+        if len(card_sizes) * len(modes) > MAX_SUBREQUESTS:
+            raise RequestError(
+                field_path,
+                f"is {c.memory_percent}: a claim turns a percentage into one alternative per "
+                f"card size, at most {MAX_SUBREQUESTS}, and this cluster has "
+                f"{len(card_sizes)} sizes of shared cards. Ask {names.gpumem} in MiB instead",
+            )
     if c.priority is not None:
         raise RequestError(
             f"{where}.limits.{names.priority}",
@@ -231,20 +266,30 @@ def _digest(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def claim_spec(c: ContainerRequest, request: PodRequest) -> dict[str, Any]:
+def _modes(request: PodRequest) -> tuple[str, ...]:
+    return request.vgpu_modes or ("hami-core",)
+
+
+def claim_spec(
+    c: ContainerRequest, request: PodRequest, card_sizes: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """The claim a template makes for container ``c``: one request named after the container
     (a DNS label, as a request name must be), of the first card mode the pod accepts that has
-    a free card (`firstAvailable` when it accepts several)."""
-    modes = request.vgpu_modes or ("hami-core",)
-    if len(modes) == 1:
-        device_request: dict[str, Any] = {"name": c.name, "exactly": _exact(c, request, modes[0])}
+    a free card, and for a memory percentage of the first card size (``card_sizes``, MiB) that
+    has room: `firstAvailable` when there is more than one such alternative."""
+    options: list[tuple[str, dict[str, Any]]] = []
+    for mode in _modes(request):
+        label = "shared" if mode == "hami-core" else mode
+        if c.memory_percent in (None, 100):
+            options.append((label, _exact(c, request, mode)))
+        else:
+            options += [(f"{label}-{mib}mi", _exact(c, request, mode, mib)) for mib in card_sizes]
+    if len(options) == 1:
+        device_request: dict[str, Any] = {"name": c.name, "exactly": options[0][1]}
     else:
         device_request = {
             "name": c.name,
-            "firstAvailable": [
-                {"name": mode.replace("hami-core", "shared"), **_exact(c, request, mode)}
-                for mode in modes
-            ],
+            "firstAvailable": [{"name": name, **exact} for name, exact in options],
         }
     constraints: list[dict[str, Any]] = []
     if c.gpus > 1:
@@ -258,8 +303,10 @@ def claim_spec(c: ContainerRequest, request: PodRequest) -> dict[str, Any]:
     return {"spec": {"devices": devices}}
 
 
-def template_for(c: ContainerRequest, request: PodRequest) -> ClaimTemplate:
-    spec = claim_spec(c, request)
+def template_for(
+    c: ContainerRequest, request: PodRequest, card_sizes: tuple[int, ...] = ()
+) -> ClaimTemplate:
+    spec = claim_spec(c, request, card_sizes)
     return ClaimTemplate(f"{TEMPLATE_PREFIX}{_digest(spec)}", spec)
 
 
@@ -269,9 +316,15 @@ def pod_claim_name(c: ContainerRequest) -> str:
     return f"{POD_CLAIM_PREFIX}{'init-' if c.init else ''}{c.index}"
 
 
-def translate(pod: Mapping[str, Any], request: PodRequest, config: SchedulingConfig) -> Translation:
+def translate(
+    pod: Mapping[str, Any],
+    request: PodRequest,
+    config: SchedulingConfig,
+    card_sizes: tuple[int, ...] = (),
+) -> Translation:
     """The templates and the JSON patch that make ``pod`` (parsed as ``request``) ask its GPUs
-    through ResourceClaims; RequestError names the field a claim cannot carry."""
+    through ResourceClaims; RequestError names the field a claim cannot carry. ``card_sizes``:
+    the memory sizes (MiB) of the cluster's shared and MPS cards, for memory percentages."""
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
     annotations = metadata.get("annotations") or {}
@@ -290,7 +343,7 @@ def translate(pod: Mapping[str, Any], request: PodRequest, config: SchedulingCon
     for c in request.containers:
         key = "initContainers" if c.init else "containers"
         path = f"spec.{key}[{c.index}]"
-        _refuse_container(c, path, config)
+        _refuse_container(c, path, config, _modes(request), card_sizes)
         name = pod_claim_name(c)
         if name in taken:
             raise RequestError(
@@ -298,7 +351,7 @@ def translate(pod: Mapping[str, Any], request: PodRequest, config: SchedulingCon
                 f"already names a claim {name!r}, the name Tessera gives container {c.name!r}'s "
                 "GPU claim; rename that entry",
             )
-        template = template_for(c, request)
+        template = template_for(c, request, card_sizes)
         templates[template.name] = template
         entries.append({"name": name, "resourceClaimTemplateName": template.name})
         raw = spec[key][c.index]

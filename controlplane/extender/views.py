@@ -239,6 +239,7 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
                 selectors.inventory_limits,
                 settings.TESSERA["ADOPTED_SCHEDULERS"],
                 adapter.get_kube(),
+                selectors.shared_card_sizes,
                 dry_run=admission.get("dryRun") is True,
             )
         else:

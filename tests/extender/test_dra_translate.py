@@ -81,12 +81,42 @@ def test_whole_card_percentages_ask_no_memory(percent: str) -> None:
     assert "capacity" not in per["main"]["request"]["exactly"]
 
 
-def test_a_share_of_a_card_in_percent_is_refused_with_the_field() -> None:
+def test_a_percentage_is_that_share_of_each_card_size_in_the_cluster() -> None:
     c = container("main", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"})
+    pod = hami_pod(c)
+    request = parse_pod(pod, CONFIG)
+    assert request is not None
+    t = dt.translate(pod, request, CONFIG, card_sizes=(23028, 81920))
+    patched = apply_json_patch(pod, t.patch)
+    per = claims_by_container(patched, {x.name: x.spec for x in t.templates})
+    first = per["main"]["request"]["firstAvailable"]
+    assert [(s["name"], s["capacity"]["requests"]["memory"]) for s in first] == [
+        ("shared-23028mi", "11514Mi"),  # HAMi's floor(card MiB x percent / 100)
+        ("shared-81920mi", "40960Mi"),
+    ]
+    size = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("23028Mi")) == 0'
+    assert {"cel": {"expression": size}} in first[0]["selectors"]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "annotations", "needle"),
+    [
+        ((), {}, "no shared card is registered yet"),
+        (tuple(range(1000, 10000, 1000)), {}, "at most 8"),
+        ((81920,), {"nvidia.com/vgpu-mode": "hami-core,mig"}, "MIG placement is allocated whole"),
+    ],
+)
+def test_a_percentage_a_claim_cannot_carry_is_refused_with_the_field(
+    sizes: tuple[int, ...], annotations: dict[str, str], needle: str
+) -> None:
+    c = container("main", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"})
+    pod = hami_pod(c, annotations=annotations)
+    request = parse_pod(pod, CONFIG)
+    assert request is not None
     with pytest.raises(RequestError) as err:
-        translated(hami_pod(c))
+        dt.translate(pod, request, CONFIG, card_sizes=sizes)
     assert err.value.field == "spec.containers[0].resources.limits.nvidia.com/gpumem-percentage"
-    assert "nvidia.com/gpumem in MiB" in err.value.message
+    assert needle in err.value.message
 
 
 def test_several_gpus_are_distinct_cards_and_numa_bind_one_numa_node() -> None:

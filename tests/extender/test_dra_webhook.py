@@ -130,12 +130,25 @@ def test_a_dry_run_creates_nothing(client, kube) -> None:
 
 def test_what_a_claim_cannot_carry_is_denied_and_nothing_is_created(client, kube) -> None:
     pod = hami_pod()
-    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "50"
-    del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"]
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = "0"
     answer = mutate(client, pod)
     assert answer["allowed"] is False
-    assert "nvidia.com/gpumem-percentage" in answer["status"]["message"]
+    assert "nvidia.com/priority" in answer["status"]["message"]
     assert kube.templates == {}
+
+
+def test_a_percentage_is_turned_into_mib_of_the_registered_card_sizes(client, kube) -> None:
+    make_node("n2", cards=1, memory_mib=23028)
+    pod = hami_pod()
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    del limits["nvidia.com/gpumem"]
+    limits["nvidia.com/gpumem-percentage"] = "25"
+    answer = mutate(client, pod)
+    assert answer["allowed"] is True
+    ((_, name),) = kube.templates
+    (request,) = kube.templates[("team", name)]["spec"]["spec"]["devices"]["requests"]
+    got = [s["capacity"]["requests"]["memory"] for s in request["firstAvailable"]]
+    assert got == ["5757Mi", "20480Mi"]
 
 
 @pytest.mark.parametrize(
