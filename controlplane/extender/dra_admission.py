@@ -85,6 +85,13 @@ def ensure_template(kube: Kube, namespace: str, template: ClaimTemplate, dry_run
             log.info("created ResourceClaimTemplate %s/%s", namespace, template.name)
             return
         except KubeError as exc:
+            if exc.status in (400, 422):
+                # The API server's validation (a selector too costly, say): the pod's owner can
+                # act on that, so it is the refusal's message, not an internal error.
+                raise TemplateRefused(
+                    f"the ResourceClaimTemplate this pod needs was refused by the API server: "
+                    f"{exc.message}"
+                ) from exc
             if not exc.conflict:
                 raise
             found = kube.get_claim_template(namespace, template.name)

@@ -120,6 +120,17 @@ def test_a_planted_template_of_that_name_refuses_the_pod(client, kube) -> None:
     assert kube.creates == 1  # nothing written for the refused pod
 
 
+def test_a_template_the_api_server_refuses_refuses_the_pod_with_its_reason(client, kube) -> None:
+    def refuse(template: dict[str, Any]) -> dict[str, Any]:
+        raise KubeError("create resourceclaimtemplate: API server answered 422: too costly", 422)
+
+    kube.create_claim_template = refuse  # type: ignore[method-assign]
+    answer = mutate(client, hami_pod())
+    assert answer["allowed"] is False
+    assert "refused by the API server" in answer["status"]["message"]
+    assert "too costly" in answer["status"]["message"]
+
+
 def test_a_dry_run_creates_nothing(client, kube) -> None:
     body = review(hami_pod())
     body["request"]["dryRun"] = True

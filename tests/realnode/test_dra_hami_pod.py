@@ -43,8 +43,10 @@ def node_cluster() -> Iterator[RealNodeCluster]:
         binaries = build_binaries()
     except HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
+    # A short folder name: the kubelet's plugin sockets live under it, and a unix socket's
+    # path holds at most 107 bytes.
     options = Options(
-        run_dir=run_folder("run-realnode-hami"),
+        run_dir=run_folder("run-rnh"),
         binaries=binaries,
         controlplane_env={"TESSERA_MODE": "dra"},
     )
