@@ -146,10 +146,10 @@ def test_every_template_is_accepted_and_read_back_as_the_same_spec(
         pods += list(corpus_pods())
     written = 0
     for pod, sizes in pods:
-        request = parse_pod(pod, CONFIG)
-        if request is None:
-            continue
         try:
+            request = parse_pod(pod, CONFIG)
+            if request is None:
+                continue
             translation = translate(pod, request, CONFIG, sizes)
         except RequestError:
             continue  # refused at admission: nothing is written
@@ -206,3 +206,20 @@ def test_the_webhooks_account_may_not_change_or_delete_templates_nor_write_claim
     with pytest.raises(KubeError) as kerr:
         webhook_kube.create_claim_template(template.manifest(ns))  # it exists: a 409, not a 403
     assert kerr.value.conflict
+
+
+def test_the_api_server_compiles_the_selectors_a_bad_one_refuses_the_pod(
+    webhook_kube: RealKube, admin: Any
+) -> None:
+    """The check above means something: a selector that does not compile is refused at create,
+    and the webhook turns that into a refusal naming the API server's reason."""
+    pod = pod_json("p", "x", containers=[gpu_container("main", mem=512)])
+    request = parse_pod(pod, CONFIG)
+    assert request is not None
+    (template,) = translate(pod, request, CONFIG).templates
+    broken = copy.deepcopy(template.spec)
+    exact = broken["spec"]["devices"]["requests"][0]["exactly"]
+    exact["selectors"] = [{"cel": {"expression": 'device.attributes["gpu.tessera.io"].model.('}}]
+    bad = type(template)(template.name, broken)
+    with pytest.raises(TemplateRefused, match="refused by the API server"):
+        ensure_template(webhook_kube, namespace(admin, "broken"), bad, dry_run=False)
