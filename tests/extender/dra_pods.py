@@ -3,6 +3,7 @@ applies it, and the claim a pod's template makes, read back per container."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
@@ -37,8 +38,6 @@ def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str
 
 
 def decode_patch(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    import base64
-
     if "patch" not in answer:
         return []
     assert answer["patchType"] == "JSONPatch"
