@@ -43,6 +43,9 @@ Environment variables (all optional):
   TESSERA_NODE_SERVICE_ACCOUNTS  node plugin ServiceAccounts ("ns:name,...") for TokenReview
   TESSERA_ADOPTED_SCHEDULERS     schedulers whose GPU pods go to Tessera's (default:
                                  default-scheduler); pods naming any other are left alone
+  TESSERA_MODE                   extender (default): Tessera's scheduler extender places GPU pods;
+                                 dra: kube-scheduler allocates from ResourceSlices (docs/dra.md)
+                                 and the webhook turns HAMi-style pods into ResourceClaims
   TESSERA_CARD_MODE_DEFAULTS     the mode a card starts in when it first registers: a JSON list
                                  of {"model": "<substring>", "mode": "shared|mig|mps|exclusive"},
                                  first match wins (default []: every card starts shared)
@@ -500,9 +503,29 @@ def _kube_mode() -> tuple[str, str]:
 
 _mode, _kubeconfig = _kube_mode()
 
+#: The cluster's scheduling mode (docs/dra.md): the chart sets it from `.Values.mode`.
+TESSERA_MODES = ("extender", "dra")
+
+
+def env_tessera_mode() -> str:
+    """TESSERA_MODE, exactly as the chart's `mode` spells it (case-sensitive, like the chart):
+    a typo must stop the control plane rather than run the other mode's webhook."""
+    raw = os.environ.get("TESSERA_MODE", "").strip()
+    if not raw:
+        return "extender"
+    if raw not in TESSERA_MODES:
+        raise ImproperlyConfigured(
+            f"TESSERA_MODE={raw!r} is not a mode Tessera runs: use extender (Tessera's scheduler "
+            "extender places GPU pods) or dra (kube-scheduler allocates Tessera's ResourceSlices)"
+        )
+    return raw
+
+
 # --- Tessera knobs: one namespace ---------------------------------------------------------------
 TESSERA = {
     "KUBE_MODE": _mode,
+    # extender | dra: only code that must differ by mode reads it (the admission webhook).
+    "MODE": env_tessera_mode(),
     "KUBECONFIG": _kubeconfig if _mode == "kubeconfig" else "",
     "RESOURCES": {
         "gpu": env_str("TESSERA_RESOURCE_GPU", "nvidia.com/gpu"),

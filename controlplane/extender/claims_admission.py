@@ -48,7 +48,7 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, kube: Kube) -> Adm
         template = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
         if not template:
             continue
-        found = kube.get_resource_claim_template(namespace, str(template))
+        found = kube.get_claim_template(namespace, str(template))
         if found is None:
             # The claim controller makes no claim from it; the pod waits, and the scheduler
             # says why. Nothing Tessera counts is asked.

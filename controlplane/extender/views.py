@@ -24,6 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.extender import claims_admission, verbs, wire
+from controlplane.extender.dra_admission import review_pod_dra
 from controlplane.extender.preemption import verb as preempt_verb
 from controlplane.extender.webhook import Admission, review_pod
 from controlplane.kube import adapter
@@ -187,6 +188,16 @@ def _review_response(api_version: str, uid: str, response: dict[str, Any]) -> Ht
     )
 
 
+def _namespace_of(admission: dict[str, Any], pod: dict[str, Any]) -> str:
+    """The pod's namespace: the review's (a pod's own metadata may leave it out at creation)."""
+    given = admission.get("namespace")
+    if isinstance(given, str) and given:
+        return given
+    meta = pod.get("metadata")
+    named = meta.get("namespace") if isinstance(meta, dict) else None
+    return named if isinstance(named, str) and named else "default"
+
+
 def _admission(request: HttpRequest) -> tuple[str, str, dict[str, Any]] | HttpResponse:
     """An AdmissionReview's (apiVersion, uid, request), or the answer to a call that is none."""
     refused = _refuse_method(request)
@@ -235,6 +246,8 @@ def _verdict(api_version: str, uid: str, decision: Admission) -> HttpResponse:
             },
         )
     body: dict[str, Any] = {"allowed": True}
+    if decision.warnings:
+        body["warnings"] = list(decision.warnings)
     if decision.patch:
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode("ascii")
@@ -258,13 +271,27 @@ def mutate_view(request: HttpRequest) -> HttpResponse:
     if pod is None:
         return _review_response(api_version, uid, {"allowed": True})
     try:
-        decision = review_pod(
-            pod,
-            selectors.scheduling_config(),
-            settings.TESSERA["SCHEDULER_NAME"],
-            selectors.inventory_limits,
-            settings.TESSERA["ADOPTED_SCHEDULERS"],
-        )
+        if settings.TESSERA["MODE"] == "dra":
+            # kube-scheduler allocates claims: the pod's HAMi resources become claims.
+            decision = review_pod_dra(
+                pod,
+                _namespace_of(admission, pod),
+                selectors.scheduling_config(),
+                settings.TESSERA["SCHEDULER_NAME"],
+                selectors.inventory_limits,
+                settings.TESSERA["ADOPTED_SCHEDULERS"],
+                adapter.get_kube(),
+                selectors.shared_card_sizes,
+                dry_run=admission.get("dryRun") is True,
+            )
+        else:
+            decision = review_pod(
+                pod,
+                selectors.scheduling_config(),
+                settings.TESSERA["SCHEDULER_NAME"],
+                selectors.inventory_limits,
+                settings.TESSERA["ADOPTED_SCHEDULERS"],
+            )
     except Exception:
         return _internal_error(uid)
     return _verdict(api_version, uid, decision)

@@ -35,6 +35,8 @@ class Admission:
     allowed: bool
     message: str = ""
     patch: list[dict[str, Any]] = field(default_factory=list)
+    # Shown to whoever created the pod (kubectl prints them): what was accepted but not applied.
+    warnings: tuple[str, ...] = ()
 
 
 def _pointer(*parts: str | int) -> str:
@@ -42,13 +44,44 @@ def _pointer(*parts: str | int) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _deny(field_path: str, message: str) -> Admission:
+def deny(field_path: str, message: str) -> Admission:
     return Admission(False, f"{field_path}: {message}" if field_path else message)
 
 
 def _containers(spec: Mapping[str, Any], init: bool) -> list[Any]:
     raw = spec.get("initContainers" if init else "containers")
     return raw if isinstance(raw, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class Reviewed:
+    """A pod read for admission: its GPU ask, or the verdict that ends the review (a pod that is
+    not Tessera's or asks for no GPU passes; one that could never run is denied)."""
+
+    request: PodRequest | None
+    verdict: Admission | None
+
+
+def read_pod(
+    pod: Mapping[str, Any],
+    config: SchedulingConfig,
+    scheduler_name: str,
+    inventory: Callable[[], InventoryLimits],
+    adopted: tuple[str, ...] = ADOPTED_BY_DEFAULT,
+) -> Reviewed:
+    """What both modes' webhooks first decide about a pod (see module docstring)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    chosen = spec.get("schedulerName")
+    if chosen not in (None, "", scheduler_name) and chosen not in adopted:
+        return Reviewed(None, Admission(True))
+    try:
+        request = parse_pod(pod, config)
+    except RequestError as exc:
+        return Reviewed(None, deny(exc.field, exc.message))
+    if request is None:
+        return Reviewed(None, Admission(True))
+    return Reviewed(request, check_pod(pod, request, config, inventory))
 
 
 def review_pod(
@@ -59,33 +92,10 @@ def review_pod(
     adopted: tuple[str, ...] = ADOPTED_BY_DEFAULT,
 ) -> Admission:
     """Allow, allow with a JSONPatch, or deny with the reason (see module docstring)."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    chosen = spec.get("schedulerName")
-    if chosen not in (None, "", scheduler_name) and chosen not in adopted:
-        return Admission(True)
-    try:
-        request = parse_pod(pod, config)
-    except RequestError as exc:
-        return _deny(exc.field, exc.message)
-    if request is None:
-        return Admission(True)
-
-    node_name = spec.get("nodeName")
-    if node_name:
-        return _deny(
-            "spec.nodeName",
-            f"is preset to {node_name!r} on a pod that asks for GPU slices; Tessera must choose "
-            "the node and the cards. Remove spec.nodeName (use a nodeSelector or node affinity "
-            "to constrain where it runs).",
-        )
-    denial = _check_containers(pod, spec, request, config)
-    if denial is not None:
-        return denial
-    denial = _check_inventory(request, inventory())
-    if denial is not None:
-        return denial
-
+    reviewed = read_pod(pod, config, scheduler_name, inventory, adopted)
+    if reviewed.verdict is not None or reviewed.request is None:
+        return reviewed.verdict or Admission(True)
+    spec = pod["spec"]
     patch: list[dict[str, Any]] = [
         {
             "op": "replace" if "schedulerName" in spec else "add",
@@ -93,8 +103,31 @@ def review_pod(
             "value": scheduler_name,
         }
     ]
-    patch += _default_gpu_count(spec, request, config)
+    patch += _default_gpu_count(spec, reviewed.request, config)
     return Admission(True, patch=patch)
+
+
+def check_pod(
+    pod: Mapping[str, Any],
+    request: PodRequest,
+    config: SchedulingConfig,
+    inventory: Callable[[], InventoryLimits],
+) -> Admission | None:
+    """The denial of a GPU pod that could never run (in either mode), or None."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    node_name = spec.get("nodeName")
+    if node_name:
+        return deny(
+            "spec.nodeName",
+            f"is preset to {node_name!r} on a pod that asks for GPU slices; the scheduler must "
+            "choose the node and the cards. Remove spec.nodeName (use a nodeSelector or node "
+            "affinity to constrain where it runs).",
+        )
+    denial = _check_containers(pod, spec, request, config)
+    if denial is not None:
+        return denial
+    return _check_inventory(request, inventory())
 
 
 def _check_containers(
@@ -105,7 +138,7 @@ def _check_containers(
         raw = _containers(spec, c.init)[c.index]
         security = raw.get("securityContext") if isinstance(raw, Mapping) else None
         if isinstance(security, Mapping) and security.get("privileged") is True:
-            return _deny(
+            return deny(
                 f"spec.{key}[{c.index}].securityContext.privileged",
                 f"container {c.name!r} asks for GPU slices and is privileged; a privileged "
                 "container sees every GPU of the node, past its slice. Drop privileged: true.",
@@ -129,14 +162,14 @@ def _check_inventory(request: PodRequest, limits: InventoryLimits) -> Admission 
                 if request.memory_oversubscription and limits.max_oversubscribed_mib
                 else ""
             )
-            return _deny(
+            return deny(
                 where,
                 f"container {c.name!r} asks for {c.memory_mib} MiB per GPU; the largest "
                 f"registered card has {limits.max_card_memory_mib} MiB{spilling}, so it could "
                 "never run. The value is in MiB per GPU.",
             )
         if c.gpus > limits.max_cards_per_node:
-            return _deny(
+            return deny(
                 where,
                 f"container {c.name!r} asks for {c.gpus} GPUs; no node has more than "
                 f"{limits.max_cards_per_node}, and a container's GPUs are on one node.",

@@ -102,11 +102,15 @@ class Kube(Protocol):
     def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """resource.k8s.io/v1 ResourceClaims (of a namespace, or all). Raises KubeError."""
 
-    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """One ResourceClaimTemplate, or None when it does not exist. Raises KubeError."""
-
     def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
         """The ResourceSlices `driver` publishes. Raises KubeError."""
+
+    def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A resource.k8s.io/v1 ResourceClaimTemplate, or None when it does not exist."""
+
+    def create_claim_template(self, template: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaimTemplate in its metadata's namespace. Raises KubeError (409
+        when one of that name exists)."""
 
 
 # --- API time accounting -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -110,6 +111,12 @@ class EmbeddedKube:
     """
 
     mode = "embedded"
+
+    def __init__(self) -> None:
+        # ResourceClaimTemplates (DRA mode's webhook) live in memory, per process: no claim
+        # controller runs beside the stand-in to read them.
+        self._claim_templates: dict[tuple[str, str], dict[str, Any]] = {}
+        self._claim_templates_lock = threading.Lock()
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         with timed():
@@ -242,11 +249,28 @@ class EmbeddedKube:
     def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return []
 
-    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
     def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
         return []
+
+    def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self._claim_templates.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def create_claim_template(self, template: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(template)
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        with self._claim_templates_lock:
+            if key in self._claim_templates:
+                raise KubeError(
+                    f"create resourceclaimtemplate: {meta['name']!r} already exists in "
+                    f"{meta['namespace']}",
+                    409,
+                    False,
+                )
+            meta["uid"] = str(uuid.uuid4())
+            self._claim_templates[key] = obj
+        return copy.deepcopy(obj)
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         # No kubectl reads the stand-in's events: the log is where the demo tells them.

@@ -246,19 +246,23 @@ class RealKube:
         decoded = json.loads(data or b"{}")
         return decoded if isinstance(decoded, dict) else {}
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get_or_none(
+        self, path: str, namespace: str, name: str, what: str
+    ) -> dict[str, Any] | None:
+        """GET one namespaced object as JSON; None when it does not exist."""
         with timed():
             try:
-                return self._request(
-                    "GET",
-                    "/api/v1/namespaces/{namespace}/pods/{name}",
-                    {"namespace": namespace, "name": name},
-                )
+                return self._request("GET", path, {"namespace": namespace, "name": name})
             except Exception as exc:  # translated: callers handle KubeError only
-                error = self.error_of(exc, f"get pod {namespace}/{name}")
+                error = self.error_of(exc, f"get {what} {namespace}/{name}")
                 if error.not_found:
                     return None
                 raise error from exc
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(
+            "/api/v1/namespaces/{namespace}/pods/{name}", namespace, name, "pod"
+        )
 
     def list_pods(
         self, namespace: str | None = None, *, node_name: str | None = None
@@ -415,20 +419,6 @@ class RealKube:
                 raise self.error_of(exc, f"list ResourceClaims of {namespace or 'all'}") from exc
             return list(self.read_json(response).get("items") or [])
 
-    def get_resource_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        api = client.ResourceV1Api(self.api.api_client)
-        with timed():
-            try:
-                response = api.read_namespaced_resource_claim_template(
-                    name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
-                )
-            except Exception as exc:  # translated
-                error = self.error_of(exc, f"get ResourceClaimTemplate {namespace}/{name}")
-                if error.not_found:
-                    return None
-                raise error from exc
-            return self.read_json(response)
-
     def list_resource_slices(self, driver: str) -> list[dict[str, Any]]:
         api = client.ResourceV1Api(self.api.api_client)
         with timed():
@@ -441,6 +431,30 @@ class RealKube:
             except Exception as exc:  # translated
                 raise self.error_of(exc, f"list ResourceSlices of {driver}") from exc
             return list(self.read_json(response).get("items") or [])
+
+    def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(
+            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}",
+            namespace,
+            name,
+            "resourceclaimtemplate",
+        )
+
+    def create_claim_template(self, template: dict[str, Any]) -> dict[str, Any]:
+        namespace = template["metadata"]["namespace"]
+        with timed():
+            try:
+                return self._request(
+                    "POST",
+                    "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+                    {"namespace": namespace},
+                    template,
+                )
+            except Exception as exc:  # translated
+                name = template["metadata"].get("name")
+                raise self.error_of(
+                    exc, f"create resourceclaimtemplate {namespace}/{name}"
+                ) from exc
 
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """TokenReview: the API server's `status` for `token` (authenticated, user, error)."""

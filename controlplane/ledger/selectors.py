@@ -368,6 +368,17 @@ def inventory_limits() -> InventoryLimits:
     )
 
 
+def shared_card_sizes() -> tuple[int, ...]:
+    """The distinct memory sizes (MiB) of present cards in shared or MPS mode, ascending: what
+    DRA mode's webhook turns a memory percentage into (docs/dra.md, *HAMi pods in DRA mode*)."""
+    sizes = (
+        Card.objects.filter(present=True, mode__in=(Card.Mode.SHARED, Card.Mode.MPS))
+        .values_list("memory_mib", flat=True)
+        .distinct()
+    )
+    return tuple(sorted(set(sizes)))
+
+
 def snapshot_of(
     nodes: Sequence[sql.NodeRow], cards: Sequence[sql.CardRow], rows: Iterable[sql.SliceRow]
 ) -> Snapshot:

@@ -132,7 +132,7 @@ class FakeKube:
             if namespace in (None, c["metadata"].get("namespace"))
         ]
 
-    def get_resource_claim_template(self, namespace, name) -> dict[str, Any] | None:
+    def get_claim_template(self, namespace, name) -> dict[str, Any] | None:
         found = self.claim_templates.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
 

@@ -183,8 +183,8 @@ def test_real_client_reads_claims_templates_and_the_drivers_slices(api_server) -
         "resourceclaims"
     ]
     assert len(api_server.list_resource_claims()) == 1
-    assert api_server.get_resource_claim_template("team-a", "t")["metadata"]["name"] == "t"
-    assert api_server.get_resource_claim_template("team-a", "gone") is None
+    assert api_server.get_claim_template("team-a", "t")["metadata"]["name"] == "t"
+    assert api_server.get_claim_template("team-a", "gone") is None
     assert len(api_server.list_resource_slices("gpu.tessera.io")) == 1
     with pytest.raises(KubeError) as err:
         api_server.list_resource_claims("team-b")

@@ -160,6 +160,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "tessera.env.common" -}}
 - {name: TESSERA_ENV, value: production}
 - {name: TESSERA_KUBE_MODE, value: incluster}
+- {name: TESSERA_MODE, value: {{ .Values.mode | quote }}}
 - {name: TESSERA_LOCAL_DIR, value: /var/lib/tessera}
 - {name: PYTHONDONTWRITEBYTECODE, value: "1"}
 - {name: PYTHONUNBUFFERED, value: "1"}
@@ -184,6 +185,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- range $k, $v := .Values.extraEnv }}
 - {name: {{ $k }}, value: {{ $v | toString | quote }}}
 {{- end }}
+{{- end -}}
+
+{{/* "true" when the webhook writes ResourceClaimTemplates: DRA mode with dra.hamiPods. */}}
+{{- define "tessera.draTemplates" -}}
+{{- and (eq .Values.mode "dra") .Values.dra.hamiPods -}}
 {{- end -}}
 
 {{/* Init container: wait until the revision's migrations Job has run (migrate --check passes). */}}
