@@ -16,7 +16,7 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -27,6 +27,7 @@ from controlplane.kube.base import API_POOL_SIZE, API_TIMEOUT_S, KubeError, Watc
 from controlplane.kube.sources import (
     DRA_DRIVER,
     ClaimEvent,
+    ClaimsUnreadable,
     PodEvent,
     TemporaryError,
     WatchExpired,
@@ -597,21 +598,24 @@ class RealClusterSource:
 
     def list_claims(self, page_size: int = 500) -> tuple[list[Any], str]:
         listing = self._resources("resourceclaims")
-        try:
-            items, rv = self._paged("list resourceclaims", listing, page_size)
-        except WatchExpired:  # the continue token expired mid-list: start over, once
-            items, rv = self._paged("list resourceclaims", listing, page_size)
+        with _refused("list resourceclaims"):
+            try:
+                items, rv = self._paged("list resourceclaims", listing, page_size)
+            except WatchExpired:  # the continue token expired mid-list: start over, once
+                items, rv = self._paged("list resourceclaims", listing, page_size)
         self._claims_rv = rv
         return [claim_view(item) for item in items], rv
 
     def watch_claims(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
         self._claims_rv = resource_version
-        for kind, raw, version in self._watch(
+        events = self._watch(
             "watch resourceclaims", self._resources("resourceclaims"), resource_version, timeout_s
-        ):
-            self._claims_rv = version or self._claims_rv
-            if kind != "BOOKMARK":
-                yield ClaimEvent(kind, claim_view(raw))
+        )
+        with _refused("watch resourceclaims"):
+            for kind, raw, version in events:
+                self._claims_rv = version or self._claims_rv
+                if kind != "BOOKMARK":
+                    yield ClaimEvent(kind, claim_view(raw))
 
     def last_claims_resource_version(self) -> str:
         return self._claims_rv
@@ -623,5 +627,20 @@ class RealClusterSource:
         def ours(**kwargs: Any) -> Any:
             return listing(field_selector=f"spec.driver={DRA_DRIVER}", **kwargs)
 
-        items, _ = self._paged("list resourceslices", ours, 500)
+        with _refused("list resourceslices"):
+            items, _ = self._paged("list resourceslices", ours, 500)
         return published_devices(items)
+
+
+@contextmanager
+def _refused(doing: str) -> Iterator[None]:
+    """A 403 or 404 from the API server, while `doing`, as ClaimsUnreadable: a grant or an API
+    that is missing, which no retry brings."""
+    try:
+        yield
+    except TemporaryError as exc:
+        cause = exc.__cause__
+        status = cause.status if isinstance(cause, ApiException) else None
+        if status in (403, 404):
+            raise ClaimsUnreadable(f"{doing}: {exc}") from exc
+        raise

@@ -91,6 +91,12 @@ class TemporaryError(Exception):
     """The API server (or the network to it) is away for now: retry later with backoff."""
 
 
+class ClaimsUnreadable(Exception):
+    """The API server refuses to list ResourceClaims or ResourceSlices (403: the worker lacks the
+    grant; 404: no resource.k8s.io/v1): retrying will not help, and the pods' repairs must not
+    wait for it."""
+
+
 class ClusterSource(Protocol):
     def list_pods(self, page_size: int = 500) -> tuple[list[PodView], str]:
         """Every pod (paginated under the hood) and the list's resourceVersion."""

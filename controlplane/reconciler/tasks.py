@@ -40,6 +40,7 @@ from django.utils import timezone
 from controlplane.kube import adapter
 from controlplane.kube.sources import (
     DRA_DRIVER,
+    ClaimsUnreadable,
     ClusterSource,
     TemporaryError,
     WatchExpired,
@@ -333,7 +334,15 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         state.set(RESUME_KEY, resume_point(cluster, new_rv))
         state.set(LAST_FULL_KEY, str(time.time()))
     if settings.TESSERA.get("MODE", "extender") == "dra":
-        drift += _reconcile_claims(source, state, cluster, full=run.mode == ReconcileRun.Mode.FULL)
+        try:
+            drift += _reconcile_claims(
+                source, state, cluster, full=run.mode == ReconcileRun.Mode.FULL
+            )
+        except ClaimsUnreadable as exc:
+            # The pods' repairs above are done; claims wait for the grant (the chart's worker
+            # role has it in DRA mode), and each pass says so.
+            log.warning("reconcile: claims are not mirrored: %s", exc)
+            drift["claims_unreadable"] += 1
     drift["nodes_stale"] += nodes.mark_stale_nodes(services.SYSTEM)
     # A drained card whose pending mode change the release path missed (a worker died between
     # the release's commit and the change) gets it here.

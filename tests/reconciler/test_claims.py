@@ -287,3 +287,18 @@ def test_extender_mode_mirrors_no_claims(kube: EmbeddedKube, settings: Any):
     run = run_reconcile(EmbeddedClusterSource(kube), LocalState(), full=True)
     assert not PodBinding.objects.filter(source=PodBinding.Source.CLAIM).exists()
     assert "claims_mirrored" not in run.drift
+
+
+class Refusing(EmbeddedClusterSource):
+    """A cluster whose API server refuses the worker's claims list (no grant)."""
+
+    def list_claims(self, page_size: int = 500) -> tuple[list[Any], str]:
+        raise sources.ClaimsUnreadable("list resourceclaims: API server answered 403: forbidden")
+
+
+def test_claims_the_worker_may_not_read_are_said_and_the_pass_still_ends(kube: EmbeddedKube):
+    kube.put_object(CLAIM, claim("train", result("n1", "gpu-0")))
+    run = run_reconcile(Refusing(kube), LocalState(), full=True)
+    assert run.pk is not None and run.mode == "full"
+    assert run.drift.get("claims_unreadable") == 1
+    assert not PodBinding.objects.filter(source=PodBinding.Source.CLAIM).exists()
