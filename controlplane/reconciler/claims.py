@@ -23,10 +23,9 @@ from controlplane.kube.sources import (
     whole_quantity,
 )
 from controlplane.ledger import selectors
-from controlplane.ledger.errors import ServiceError
 from controlplane.ledger.services import audit
-from controlplane.ledger.services.claims import ClaimRecord, ClaimSlice, mirror_claim
-from controlplane.reconciler.services import SYSTEM, Repair, apply_repairs
+from controlplane.ledger.services.claims import ClaimRecord, ClaimSlice, mirror_claims
+from controlplane.reconciler.services import REPAIR_CHUNK, SYSTEM, Repair, apply_repairs
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -129,17 +128,22 @@ def reconcile_claims(
             continue
         if record is not None:
             wanted[record.uid] = record
-    for record in wanted.values():
-        held = mirrored.get(record.uid)
-        if held is not None and held.node == record.node and held.slices == set(record.slices):
-            continue
-        try:
-            done = mirror_claim(record, SYSTEM)
-        except ServiceError as exc:
-            drift[_flag(by_uid[record.uid], exc.message)] += 1
+    writes = [
+        record
+        for record in wanted.values()
+        if (held := mirrored.get(record.uid)) is None
+        or held.node != record.node
+        or held.slices != set(record.slices)
+    ]
+    # A transaction per chunk, as the releases go: a first pass over thousands of claims
+    # writes them in a few statements per chunk, not ten per claim.
+    for start in range(0, len(writes), REPAIR_CHUNK):
+        batch = mirror_claims(writes[start : start + REPAIR_CHUNK], SYSTEM)
+        for done in batch.done:
+            drift[MIRRORED.get(done.outcome, "")] += 1
+        for record, reason in batch.refused:
+            drift[_flag(by_uid[record.uid], reason)] += 1
             flagged.add(record.uid)
-            continue
-        drift[MIRRORED.get(done.outcome, "")] += 1
     repairs = []
     for uid, held in mirrored.items():
         if uid in wanted or uid in flagged or held.created_at >= listed_at:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.ledger import selectors
 from controlplane.ledger.errors import NotFound
 from controlplane.ledger.models import AuditEvent, PodBinding, Slice
 from controlplane.ledger.services import bindings
-from controlplane.ledger.services.claims import ClaimRecord, ClaimSlice, mirror_claim
+from controlplane.ledger.services.claims import ClaimRecord, ClaimSlice, mirror_claim, mirror_claims
 from controlplane.scheduling import parse_pod
 from tests.builders import make_node
 from tests.pods import gpu_container, pod_json
@@ -119,3 +121,27 @@ def test_the_allocations_api_reads_a_pods_row_before_a_claims_of_the_same_name()
     bindings.bind_pod(request, "n1")
     both = selectors.active_allocation_of_pod("default", "p")
     assert both is not None and both.record["pod_uid"] == request.uid
+
+
+def test_a_batch_writes_what_it_can_place_and_refuses_the_rest_naming_why() -> None:
+    good = [record(ClaimSlice("GPU-n1-0", "gpu", 0, 100, 1), uid=f"uid-{i}") for i in range(3)]
+    stray = record(ClaimSlice("GPU-n2-0", "gpu", 0, 100, 1), uid="uid-stray")  # n2's card
+    batch = mirror_claims([*good, stray], "reconciler")
+    assert [(d.uid, d.outcome) for d in batch.done] == [(f"uid-{i}", "created") for i in range(3)]
+    assert [(r.uid, "not on node n1" in why) for r, why in batch.refused] == [("uid-stray", True)]
+    assert not PodBinding.objects.filter(pod_uid="uid-stray").exists()
+    assert [active(f"uid-{i}") for i in range(3)] == [[("GPU-n1-0", "gpu", 0, 100, 1)]] * 3
+
+
+def test_new_claims_cost_the_same_queries_however_many(django_assert_max_num_queries) -> None:
+    def claims(n: int, prefix: str) -> list[ClaimRecord]:
+        return [
+            record(ClaimSlice(f"GPU-n1-{i % 2}", "gpu", 0, 10, 0), uid=f"{prefix}-{i}")
+            for i in range(n)
+        ]
+
+    with CaptureQueriesContext(connection) as two:
+        mirror_claims(claims(2, "a"), "reconciler")
+    with django_assert_max_num_queries(len(two.captured_queries)):
+        mirror_claims(claims(16, "b"), "reconciler")  # 9 slices a card: none over its 10
+    assert PodBinding.objects.filter(source="claim").count() == 18

@@ -167,6 +167,21 @@ SCENARIOS: dict[str, Scenario] = {
     "bindings.adopt_binding": (_nothing, _adopt),
     # a claim allocated anew on the other card: both cards' rows change
     "claims.mirror_claim": (lambda: _claim("GPU-n1-0"), lambda: _claim("GPU-n1-1", 3000)),
+    "claims.mirror_claims": (
+        _nothing,
+        lambda: claims.mirror_claims(
+            [
+                claims.ClaimRecord(
+                    "uid-c2",
+                    "default",
+                    "c2",
+                    "n2",
+                    (claims.ClaimSlice("GPU-n2-0", "gpu", 0, 1000, 10),),
+                )
+            ],
+            "t",
+        ),
+    ),
     "confirmations.confirm_later": (
         lambda: _reserved("p"),
         lambda: confirmations.confirm_later("uid-default-p", timezone.now()),
