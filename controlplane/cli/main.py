@@ -82,6 +82,13 @@ def inspect_data(client: Client, args: argparse.Namespace) -> list[dict[str, Any
     return nodes
 
 
+def holder(piece: dict[str, Any]) -> str:
+    """Who holds a slice: `namespace/pod`, or `claim namespace/name` for a ResourceClaim's
+    (DRA mode: kube-scheduler allocated it; its container is the claim's request)."""
+    name = f"{piece['namespace']}/{piece['pod']}"
+    return f"claim {name}" if piece.get("source") == "claim" else name
+
+
 def inspect_table(nodes: list[dict[str, Any]]) -> str:
     headers = ["NODE", "CARD", "MODEL", "MODE", "MEMORY(MiB)", "COMPUTE(%)", "SLOTS", "STATE"]
     rows: list[list[Any]] = []
@@ -120,7 +127,7 @@ def inspect_table(nodes: list[dict[str, Any]]) -> str:
                 rows.append(
                     [
                         "",
-                        f"  {piece['namespace']}/{piece['pod']}/{piece['container']}{init}",
+                        f"  {holder(piece)}/{piece['container']}{init}",
                         "",
                         "",
                         piece.get("memory_mib"),
@@ -223,7 +230,7 @@ def top_table(slices: list[dict[str, Any]]) -> str:
     for s in slices:
         row = [
             s["namespace"],
-            s["pod"],
+            s["pod"] + (" (claim)" if s.get("source") == "claim" else ""),
             s["container"] + (" (init)" if s.get("init") else ""),
             s["node"],
             s["card"],

@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from controlplane import rawsql
 from controlplane.ledger import usage as ledger_usage
-from controlplane.ledger.models import Card, Slice
+from controlplane.ledger.models import Card, PodBinding, Slice
 from controlplane.ledger.selectors import card_factor
 from controlplane.scheduling import FACTOR_ONE, format_factor, virtual_mib
 
@@ -152,9 +152,13 @@ CARD_ROW = (
 )  # fmt: skip
 
 
+CLAIM = PodBinding.Source.CLAIM
+
+
 def pods_per_card() -> tuple[dict[int, str], set[str]]:
     """Per card id, "\nnamespace/name" for each of its active slices (a pod with several
-    slices there appears as often), and every namespace seen (one query).
+    slices there appears as often; a ResourceClaim's as "namespace/name (claim)"), and every
+    namespace seen (one query).
 
     One string per card rather than a collection: strings are not tracked by Python's garbage
     collector, and 8,000 dicts that live through the request made it run full collections that
@@ -163,12 +167,12 @@ def pods_per_card() -> tuple[dict[int, str], set[str]]:
     rows = rawsql.rows_of(
         Slice.objects.filter(active=True)
         .order_by()
-        .values_list("card_id", "binding__namespace", "binding__name")
+        .values_list("card_id", "binding__namespace", "binding__name", "binding__source")
     )
     pods: dict[int, str] = defaultdict(str)
     namespaces = set()
-    for card_id, namespace, name in rows:
-        pods[card_id] += f"\n{namespace}/{name}"
+    for card_id, namespace, name, source in rows:
+        pods[card_id] += f"\n{namespace}/{name}" + (" (claim)" if source == CLAIM else "")
         namespaces.add(namespace)
     return pods, namespaces
 

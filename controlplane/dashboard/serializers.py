@@ -126,6 +126,13 @@ class MigInstanceSerializer(serializers.Serializer):
     container = serializers.CharField()
 
 
+# Each row says who holds it: a pod, or a ResourceClaim in DRA mode (docs/dra.md).
+SOURCE_HELP = (
+    "pod: a pod the extender bound; claim: a ResourceClaim kube-scheduler allocated (DRA mode), "
+    "whose name `{what}` then is, its request's name the container's"
+)
+
+
 class SliceOnCardSerializer(serializers.Serializer):
     namespace = serializers.CharField()
     pod = serializers.CharField()
@@ -135,6 +142,7 @@ class SliceOnCardSerializer(serializers.Serializer):
     init = serializers.BooleanField()
     memory_mib = serializers.IntegerField()
     cores = serializers.IntegerField()
+    source = serializers.CharField(help_text=SOURCE_HELP.format(what="pod"))
 
 
 class CardSerializer(serializers.Serializer):
@@ -205,6 +213,7 @@ class NodeSerializer(serializers.Serializer):
 class SliceSerializer(serializers.Serializer):
     namespace = serializers.CharField()
     pod = serializers.CharField()
+    source = serializers.CharField(help_text=SOURCE_HELP.format(what="pod"))
     pod_uid = serializers.CharField()
     phase = serializers.CharField()
     container = serializers.CharField()
@@ -267,4 +276,5 @@ class BindingSerializer(serializers.Serializer):
     reserved_at = serializers.DateTimeField(allow_null=True)
     bound_at = serializers.DateTimeField(allow_null=True)
     released_at = serializers.DateTimeField(allow_null=True)
+    source = serializers.CharField(help_text=SOURCE_HELP.format(what="name"))
     slices = BindingSliceSerializer(many=True)

@@ -22,8 +22,19 @@ from django.db import IntegrityError, transaction
 
 from controlplane import rawsql
 from controlplane.kube.base import KubeError, WatchEvent, timed
-from controlplane.kube.models import EmbeddedPod, EmbeddedPodEvent
-from controlplane.kube.sources import PodEvent, pod_view
+from controlplane.kube.models import (
+    EmbeddedObject,
+    EmbeddedObjectEvent,
+    EmbeddedPod,
+    EmbeddedPodEvent,
+)
+from controlplane.kube.sources import (
+    ClaimEvent,
+    PodEvent,
+    claim_view,
+    pod_view,
+    published_devices,
+)
 from controlplane.ledger.selectors import node_names
 
 log = logging.getLogger(__name__)
@@ -303,6 +314,62 @@ class EmbeddedKube:
         latest = EmbeddedPodEvent.objects.order_by("-id").values_list("id", flat=True).first()
         return int(latest or 0)
 
+    # --- DRA objects: what kube-scheduler and the node plugins would write in DRA mode ---------
+
+    def put_object(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace a ResourceClaim or ResourceSlice (by kind, namespace and name);
+        a claim's change is a watch event. Returns it as stored (with a uid)."""
+        stored = copy.deepcopy(obj)
+        meta = stored.setdefault("metadata", {})
+        if not meta.get("name"):
+            raise KubeError(f"put {kind}: metadata.name is required", 422, False)
+        namespace = str(meta.get("namespace", "")) if kind == EmbeddedObject.Kind.CLAIM else ""
+        with timed(), transaction.atomic():
+            row = (
+                EmbeddedObject.objects.select_for_update()
+                .filter(kind=kind, namespace=namespace, name=meta["name"])
+                .first()
+            )
+            meta["uid"] = row.uid if row else meta.get("uid") or str(uuid.uuid4())
+            stored.setdefault("kind", kind)
+            if row is None:
+                EmbeddedObject.objects.create(
+                    kind=kind, namespace=namespace, name=meta["name"], uid=meta["uid"], obj=stored
+                )
+            else:
+                row.obj = stored
+                row.save(update_fields=["obj"])
+            if kind == EmbeddedObject.Kind.CLAIM:
+                change = EmbeddedPodEvent.Type.MODIFIED if row else EmbeddedPodEvent.Type.ADDED
+                EmbeddedObjectEvent.objects.create(type=change, obj=stored)
+        return stored
+
+    def delete_object(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete a ResourceClaim or ResourceSlice; False when it was already gone."""
+        with timed(), transaction.atomic():
+            found = (
+                EmbeddedObject.objects.select_for_update()
+                .filter(kind=kind, namespace=namespace, name=name)
+                .first()
+            )
+            if found is None:
+                return False
+            if kind == EmbeddedObject.Kind.CLAIM:
+                EmbeddedObjectEvent.objects.create(
+                    type=EmbeddedPodEvent.Type.DELETED, obj=found.obj
+                )
+            found.delete()
+            return True
+
+    def list_objects(self, kind: str) -> list[dict[str, Any]]:
+        with timed():
+            return list(EmbeddedObject.objects.filter(kind=kind).values_list("obj", flat=True))
+
+    @staticmethod
+    def latest_claim_event_id() -> int:
+        latest = EmbeddedObjectEvent.objects.order_by("-id").values_list("id", flat=True).first()
+        return int(latest or 0)
+
 
 class EmbeddedClusterSource:
     """The stand-in's pods; its resourceVersion is the id of the last event row."""
@@ -310,6 +377,7 @@ class EmbeddedClusterSource:
     def __init__(self, kube: EmbeddedKube) -> None:
         self.kube = kube
         self._rv = ""
+        self._claims_rv = ""
 
     def list_pods(self, page_size: int = 500) -> tuple[list[Any], str]:
         with transaction.atomic():  # the list and its version from one snapshot
@@ -342,3 +410,25 @@ class EmbeddedClusterSource:
         """The stand-in is one cluster per database, and a reconciler keeps its resume point in
         memory next to one database (`manage.py reconcile`): nothing to tell apart."""
         return "embedded"
+
+    def list_claims(self, page_size: int = 500) -> tuple[list[Any], str]:
+        with transaction.atomic():  # the list and its version from one snapshot
+            rv = str(self.kube.latest_claim_event_id())
+            claims = [claim_view(o) for o in self.kube.list_objects(EmbeddedObject.Kind.CLAIM)]
+        self._claims_rv = rv
+        return claims, rv
+
+    def watch_claims(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
+        """The claim events after `resource_version`; the stand-in's backlog is all there is
+        (nothing writes claims while a pass runs but tests), so no waiting."""
+        self._claims_rv = resource_version
+        events = EmbeddedObjectEvent.objects.filter(id__gt=int(resource_version or 0))
+        for event_id, kind, obj in events.values_list("id", "type", "obj").iterator():
+            self._claims_rv = str(event_id)
+            yield ClaimEvent(kind, claim_view(obj))
+
+    def last_claims_resource_version(self) -> str:
+        return self._claims_rv
+
+    def published_devices(self) -> dict[Any, Any]:
+        return published_devices(self.kube.list_objects(EmbeddedObject.Kind.SLICE))

@@ -54,3 +54,45 @@ class EmbeddedPodEvent(models.Model):
     def __str__(self) -> str:
         meta = self.obj.get("metadata", {}) if isinstance(self.obj, dict) else {}
         return f"{self.type} {meta.get('namespace')}/{meta.get('name')}"
+
+
+class EmbeddedObject(models.Model):
+    """A DRA object of the stand-in: a ResourceClaim (namespaced) or a ResourceSlice (cluster
+    wide, namespace blank), as the API server would serve it. Only ResourceClaims are watched
+    (`EmbeddedObjectEvent`): the reconciler mirrors them (docs/dra.md, *One ledger for
+    claims*)."""
+
+    class Kind(models.TextChoices):
+        CLAIM = "ResourceClaim", "ResourceClaim"
+        SLICE = "ResourceSlice", "ResourceSlice"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    namespace = models.CharField(max_length=63, blank=True)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, unique=True)
+    obj = models.JSONField(help_text="The object as the API server would serve it.")
+
+    class Meta:
+        ordering = ["kind", "namespace", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "namespace", "name"], name="embedded_object_kind_ns_name"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+class EmbeddedObjectEvent(models.Model):
+    """The stand-in's ResourceClaim watch stream: one row per change."""
+
+    type = models.CharField(max_length=8, choices=EmbeddedPodEvent.Type.choices)
+    obj = models.JSONField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        meta = self.obj.get("metadata", {}) if isinstance(self.obj, dict) else {}
+        return f"{self.type} {meta.get('namespace')}/{meta.get('name')}"

@@ -16,7 +16,7 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -25,16 +25,24 @@ from urllib3 import exceptions as u3
 
 from controlplane.kube.base import API_POOL_SIZE, API_TIMEOUT_S, KubeError, WatchEvent, timed
 from controlplane.kube.sources import (
+    DRA_DRIVER,
+    ClaimEvent,
+    ClaimsUnreadable,
     PodEvent,
     TemporaryError,
     WatchExpired,
+    claim_view,
     pod_view,
+    published_devices,
 )
 
 log = logging.getLogger(__name__)
 
 # The namespace whose UID identifies the cluster (RealClusterSource.cluster_identity).
 IDENTITY_NAMESPACE = "kube-system"
+# Where DRA's objects live (Kubernetes v1.37: resource.k8s.io/v1, GA), read through the generic
+# client: ResourceClaims (mirrored into the ledger) and ResourceSlices (which card a device is).
+RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 
 
 class _Unreachable(Exception):
@@ -508,6 +516,8 @@ class RealClusterSource:
     def __init__(self, kube: RealKube) -> None:
         self.kube = kube
         self._rv = ""
+        self._claims_rv = ""
+        self._custom = client.CustomObjectsApi(kube.api.api_client)
 
     def _call(self, doing: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         with timed():
@@ -544,8 +554,21 @@ class RealClusterSource:
 
     def watch_pods(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
         self._rv = resource_version
+        for kind, raw, version in self._watch(
+            "watch pods", self.kube.api.list_pod_for_all_namespaces, resource_version, timeout_s
+        ):
+            self._rv = version or self._rv
+            if kind != "BOOKMARK":
+                yield PodEvent(kind, pod_view(raw))
+
+    def _watch(
+        self, doing: str, fn: Any, resource_version: str, timeout_s: float
+    ) -> Iterator[tuple[str, dict[str, Any], str]]:
+        """(type, object, its resourceVersion) of each event after `resource_version`, for up to
+        `timeout_s`; bookmarks included (they move the resume point). WatchExpired when the
+        version cannot be watched from, TemporaryError for the rest."""
         stream = watch.Watch().stream(
-            self.kube.api.list_pod_for_all_namespaces,
+            fn,
             resource_version=resource_version,
             timeout_seconds=max(1, int(timeout_s)),
             allow_watch_bookmarks=True,
@@ -559,15 +582,12 @@ class RealClusterSource:
                     message = str(raw.get("message", "resourceVersion expired"))
                     if _resume_point_lost(int(raw.get("code") or 0), message, raw.get("details")):
                         raise WatchExpired(message)
-                    raise TemporaryError(f"watch pods: {raw.get('message', raw)}")
-                self._rv = str((raw.get("metadata") or {}).get("resourceVersion") or self._rv)
-                if kind == "BOOKMARK":
-                    continue
-                yield PodEvent(kind, pod_view(raw))
+                    raise TemporaryError(f"{doing}: {raw.get('message', raw)}")
+                yield kind, raw, str((raw.get("metadata") or {}).get("resourceVersion") or "")
         except (WatchExpired, TemporaryError):
             raise
         except Exception as exc:  # connection trouble mid-watch: retry later
-            error = self.kube.error_of(exc, "watch pods")
+            error = self.kube.error_of(exc, doing)
             if _resume_point_lost(error.status, error.message):
                 raise WatchExpired(error.message) from exc
             raise TemporaryError(error.message) from exc
@@ -620,3 +640,64 @@ class RealClusterSource:
                     return ""
                 raise TemporaryError(error.message) from exc
         return str((namespace.get("metadata") or {}).get("uid") or "")
+
+    def _resources(self, plural: str) -> Any:
+        """The generic client's cluster-wide list of a resource.k8s.io/v1 kind, as a function
+        of the list's keyword arguments (paginated and watched like pods)."""
+        custom = self._custom
+
+        def listing(**kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, plural, **kwargs
+            )
+
+        return listing
+
+    def list_claims(self, page_size: int = 500) -> tuple[list[Any], str]:
+        listing = self._resources("resourceclaims")
+        with _refused("list resourceclaims"):
+            try:
+                items, rv = self._paged("list resourceclaims", listing, page_size)
+            except WatchExpired:  # the continue token expired mid-list: start over, once
+                items, rv = self._paged("list resourceclaims", listing, page_size)
+        self._claims_rv = rv
+        return [claim_view(item) for item in items], rv
+
+    def watch_claims(self, resource_version: str, timeout_s: float) -> Iterator[Any]:
+        self._claims_rv = resource_version
+        events = self._watch(
+            "watch resourceclaims", self._resources("resourceclaims"), resource_version, timeout_s
+        )
+        with _refused("watch resourceclaims"):
+            for kind, raw, version in events:
+                self._claims_rv = version or self._claims_rv
+                if kind != "BOOKMARK":
+                    yield ClaimEvent(kind, claim_view(raw))
+
+    def last_claims_resource_version(self) -> str:
+        return self._claims_rv
+
+    def published_devices(self) -> dict[Any, Any]:
+        """Tessera's ResourceSlices only (a field selector on the driver)."""
+        listing = self._resources("resourceslices")
+
+        def ours(**kwargs: Any) -> Any:
+            return listing(field_selector=f"spec.driver={DRA_DRIVER}", **kwargs)
+
+        with _refused("list resourceslices"):
+            items, _ = self._paged("list resourceslices", ours, 500)
+        return published_devices(items)
+
+
+@contextmanager
+def _refused(doing: str) -> Iterator[None]:
+    """A 403 or 404 from the API server, while `doing`, as ClaimsUnreadable: a grant or an API
+    that is missing, which no retry brings."""
+    try:
+        yield
+    except TemporaryError as exc:
+        cause = exc.__cause__
+        status = cause.status if isinstance(cause, ApiException) else None
+        if status in (403, 404):
+            raise ClaimsUnreadable(f"{doing}: {exc}") from exc
+        raise

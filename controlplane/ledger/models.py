@@ -168,8 +168,17 @@ class PodBinding(Stamped):
         RELEASED = "released", "released"  # the pod ended; its slices are free again
         FAILED = "failed", "failed"  # bind failed; nothing is held
 
+    class Source(models.TextChoices):
+        """Who allocated: the extender's bind (a pod), or kube-scheduler in DRA mode (a
+        ResourceClaim the reconciler mirrors; docs/dra.md, *One ledger for claims*)."""
+
+        POD = "pod", "pod"
+        CLAIM = "claim", "claim"
+
     ACTIVE_PHASES = (Phase.RESERVED, Phase.BOUND, Phase.ALLOCATED)
 
+    # For a claim's row: the ResourceClaim's UID, namespace and name (a claim is never a pod,
+    # so the reconciler's pod passes leave these rows alone).
     pod_uid = models.CharField(max_length=64, unique=True)
     namespace = models.CharField(max_length=63)
     name = models.CharField(max_length=253)
@@ -177,6 +186,14 @@ class PodBinding(Stamped):
         Node, on_delete=models.PROTECT, related_name="bindings", null=True, blank=True
     )
     phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.RESERVED)
+    source = models.CharField(
+        max_length=8,
+        choices=Source.choices,
+        default=Source.POD,
+        db_default=Source.POD,
+        help_text="pod: the extender bound a pod; claim: a ResourceClaim allocated by "
+        "kube-scheduler, mirrored by the reconciler.",
+    )
     reason = models.TextField(blank=True)
     request = models.JSONField(help_text="The parsed request (scheduling core PodRequest).")
     deadline = models.DateTimeField(

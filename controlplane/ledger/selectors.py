@@ -279,11 +279,13 @@ class PodAllocation:
 
 def active_allocation_of_pod(namespace: str, name: str) -> PodAllocation | None:
     """The allocation of the pod's active binding (the newest), None when it has none; two
-    queries."""
+    queries. Without a pod of that name, a ResourceClaim's (DRA mode: the claim's record, read
+    by the same API): a pod and a claim may share a name, and the node plugin asks for pods."""
     binding = (
         PodBinding.objects.select_related("node")
         .filter(namespace=namespace, name=name, phase__in=PodBinding.ACTIVE_PHASES)
-        .order_by("-reserved_at", "-id")
+        # "pod" after "claim": a pod's row first
+        .order_by("-source", "-reserved_at", "-id")
         .first()
     )
     if binding is None:
@@ -385,3 +387,54 @@ def snapshot_of(
     """The snapshot of rows a caller read itself (preemption reads the slices for its own use
     too, so that the node and the pods on it come from one read)."""
     return _build_snapshot(nodes, cards, rows)
+
+
+# The columns of a claim's slice, in the order of `services.claims.ClaimSlice`'s fields.
+MIRRORED_SLICE_COLUMNS = (
+    "card__uuid", "container_name", "container_index", "memory_mib", "compute_percent",
+    "mig_profile", "mig_start", "mig_size",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredClaim:
+    """A claim's active row in the ledger: where, since when, and its slices as tuples of
+    `MIRRORED_SLICE_COLUMNS`."""
+
+    uid: str
+    node: str
+    created_at: datetime
+    slices: frozenset[tuple[Any, ...]]
+
+
+def mirrored_claims(uids: Sequence[str] | None = None) -> dict[str, MirroredClaim]:
+    """The active rows of claims (all, or those of `uids`) by claim UID, with their active
+    slices: two queries (per 5,000 UIDs)."""
+    chunks = [None] if uids is None else [uids[i : i + 5000] for i in range(0, len(uids), 5000)]
+    found: dict[str, MirroredClaim] = {}
+    for chunk in chunks:
+        rows = PodBinding.objects.filter(
+            source=PodBinding.Source.CLAIM, phase__in=PodBinding.ACTIVE_PHASES
+        )
+        if chunk is not None:
+            rows = rows.filter(pod_uid__in=list(chunk))
+        heads = {
+            pk: (uid, node or "", created)
+            for pk, uid, node, created in rows.values_list(
+                "pk", "pod_uid", "node__name", "created_at"
+            )
+        }
+        held = Slice.objects.filter(active=True)
+        if chunk is None:  # every claim: a join, not an IN list of every row's id
+            held = held.filter(
+                binding__source=PodBinding.Source.CLAIM,
+                binding__phase__in=PodBinding.ACTIVE_PHASES,
+            )
+        else:
+            held = held.filter(binding_id__in=list(heads))
+        slices: dict[int, set[tuple[Any, ...]]] = defaultdict(set)
+        for binding_id, *row in held.values_list("binding_id", *MIRRORED_SLICE_COLUMNS):
+            slices[binding_id].add(tuple(row))
+        for pk, (uid, node, created) in heads.items():
+            found[uid] = MirroredClaim(uid, node, created, frozenset(slices[pk]))
+    return found

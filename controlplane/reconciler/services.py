@@ -52,8 +52,9 @@ def reconcile_pods(
     drift: Counter[str] = Counter()
     by_uid = {p.uid: p for p in pods}
     deleted = set(deleted_uids) - set(by_uid)
+    # A claim's row is the claims' pass's (`claims.reconcile_claims`): no pod has its UID.
     candidates = PodBinding.objects.filter(
-        phase__in=PodBinding.ACTIVE_PHASES, created_at__lt=listed_at
+        phase__in=PodBinding.ACTIVE_PHASES, created_at__lt=listed_at, source=PodBinding.Source.POD
     )
     if not complete:  # watch events: only the pods they name (a DELETED pod is gone)
         candidates = candidates.filter(pod_uid__in=[*by_uid, *deleted])
@@ -67,17 +68,37 @@ def reconcile_pods(
         binding = BindingRow(*row)
         action = _diagnose(binding, by_uid.get(binding.pod_uid), now, listed_at)
         if action is not None:
-            repairs.append((binding, action))
-    # Repairs go in bulk, grouped by reason, a chunk per transaction: a run that dies loses at
-    # most one chunk, which the next (level-based) run redoes; one commit per repair would cost
-    # an fsync and a handful of queries each.
-    grouped: dict[tuple[str, str, str], list[BindingRow]] = defaultdict(list)
-    for binding, repair in repairs:
-        grouped[(repair.kind, repair.verb, repair.reason)].append(binding)
+            repairs.append((binding.pod_uid, action))
+    drift += apply_repairs(repairs, listed_at)
+
+    known = selectors.uids_with_bindings(list(by_uid))
+    for pod in by_uid.values():
+        if (
+            pod.uid not in known
+            and pod.node_name
+            and not pod.terminal
+            and ALLOCATION_ANNOTATION in pod.annotations
+        ):
+            drift[_adopt(pod, verify)] += 1
+    return drift
+
+
+def apply_repairs(repairs: Iterable[tuple[str, Repair]], listed_at: datetime) -> Counter[str]:
+    """Apply (binding UID, repair) each through the ledger's services; the drift repaired, by
+    kind. Pods' and claims' rows go the same way.
+
+    Repairs go in bulk, grouped by reason, a chunk per transaction: a run that dies loses at most
+    one chunk, which the next (level-based) run redoes; one commit per repair would cost an fsync
+    and a handful of queries each.
+    """
+    drift: Counter[str] = Counter()
+    grouped: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for uid, repair in repairs:
+        grouped[(repair.kind, repair.verb, repair.reason)].append(uid)
     for (kind, verb, reason), group in grouped.items():
         actor = None if kind == ROUTINE else SYSTEM  # routine repairs are not audited
         for start in range(0, len(group), REPAIR_CHUNK):
-            chunk = [b.pod_uid for b in group[start : start + REPAIR_CHUNK]]
+            chunk = group[start : start + REPAIR_CHUNK]
             if verb == "confirm":
                 done = bindings.confirm_reservations(chunk, actor)
             elif verb == "expire":
@@ -90,16 +111,6 @@ def reconcile_pods(
                 done = bindings.release_bindings(chunk, reason, failed=verb == "fail", actor=actor)
             if kind != ROUTINE:
                 drift[kind] += len(done)
-
-    known = selectors.uids_with_bindings(list(by_uid))
-    for pod in by_uid.values():
-        if (
-            pod.uid not in known
-            and pod.node_name
-            and not pod.terminal
-            and ALLOCATION_ANNOTATION in pod.annotations
-        ):
-            drift[_adopt(pod, verify)] += 1
     return drift
 
 

@@ -26,10 +26,11 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import import_module
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import redis
 from celery import shared_task
@@ -37,11 +38,17 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.kube import adapter
-from controlplane.kube.sources import ClusterSource, TemporaryError, WatchExpired
+from controlplane.kube.sources import (
+    DRA_DRIVER,
+    ClaimsUnreadable,
+    ClusterSource,
+    TemporaryError,
+    WatchExpired,
+)
 from controlplane.ledger.allocation import verify_allocation
 from controlplane.ledger.selectors import decided_pod_uids, expired_reservations
 from controlplane.ledger.services import decisions, modes, nodes
-from controlplane.reconciler import services
+from controlplane.reconciler import claims, services
 from controlplane.reconciler.models import ReconcileRun
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,11 @@ LOCK_KEY = "tessera:reconcile:lock"
 # The resume point: {"cluster": <the cluster's identity>, "rv": <the pods' resourceVersion>},
 # one value, so a version is never read with another cluster's identity.
 RESUME_KEY = "tessera:reconcile:pods-resume"
+# The same for ResourceClaims (DRA mode): their own resourceVersion, under the same identity.
+CLAIMS_RESUME_KEY = "tessera:reconcile:claims-resume"
+# A claims watch replays the backlog since its resume point at once: a pass waits no longer for
+# new claim events than this (the pods' watch already waited out the pass's time).
+CLAIMS_WATCH_S = 1
 LAST_FULL_KEY = "tessera:reconcile:last-full"
 PRUNE_LOCK_KEY = "tessera:prune:lock"
 # A prune deletes at most a few batches of rows: seconds. Longer than that, the lock has outlived
@@ -162,10 +174,10 @@ def resume_point(cluster: str, rv: str) -> str:
     return json.dumps({"cluster": cluster, "rv": rv})
 
 
-def _saved_resume_point(state: StateStore) -> tuple[str, str] | None:
+def _saved_resume_point(state: StateStore, key: str = RESUME_KEY) -> tuple[str, str] | None:
     """(cluster, resourceVersion) saved by the last pass; None when there is none or it is not
     one (a value of an older format is simply not a resume point: one relist)."""
-    raw = state.get(RESUME_KEY)
+    raw = state.get(key)
     try:
         saved = json.loads(raw) if raw else None
     except ValueError:
@@ -179,6 +191,70 @@ def _ahead(saved: str, current: str) -> bool:
     """Is the saved resourceVersion past the API server's? (Both are etcd revisions in every
     API server there is; anything else is not compared.)"""
     return saved.isdigit() and current.isdigit() and int(saved) > int(current)
+
+
+class _HasUid(Protocol):
+    @property
+    def uid(self) -> str: ...
+
+
+Watched = TypeVar("Watched", bound=_HasUid)
+
+
+def net_changes(events: Iterable[tuple[str, Watched]]) -> tuple[dict[str, Watched], set[str]]:
+    """What a watch's events come to: the objects as last seen, by UID, and the UIDs deleted
+    (a deletion followed by a re-creation under the same UID counts as seen)."""
+    seen: dict[str, Watched] = {}
+    deleted: set[str] = set()
+    for kind, obj in events:
+        if kind == "DELETED":
+            deleted.add(obj.uid)
+            seen.pop(obj.uid, None)
+        else:
+            seen[obj.uid] = obj
+            deleted.discard(obj.uid)
+    return seen, deleted
+
+
+def _reconcile_claims(
+    source: ClusterSource, state: StateStore, cluster: str, *, full: bool
+) -> Counter[str]:
+    """DRA mode: mirror the cluster's ResourceClaims into the ledger (`claims`), from a watch
+    of claim events since the claims' own resume point, or a full list (on a full pass, without
+    a resume point of this cluster, or when the watch cannot resume)."""
+    saved = _saved_resume_point(state, CLAIMS_RESUME_KEY)
+    rv = saved[1] if saved and saved[0] == cluster else None
+    drift: Counter[str] = Counter()
+    if not full and rv:
+        try:
+            events = source.watch_claims(rv, CLAIMS_WATCH_S)
+            seen, deleted = net_changes((e.kind, e.claim) for e in events)
+            drift += claims.reconcile_claims(
+                seen.values(),
+                _devices_for(source, seen.values()),
+                listed_at=timezone.now(),
+                complete=False,
+                deleted_uids=deleted,
+            )
+            state.set(
+                CLAIMS_RESUME_KEY, resume_point(cluster, source.last_claims_resource_version())
+            )
+            return drift
+        except WatchExpired:
+            drift["claims_watch_expired"] += 1
+    listed_at = timezone.now()
+    listed, new_rv = source.list_claims(settings.TESSERA["LIST_PAGE_SIZE"])
+    drift += claims.reconcile_claims(
+        listed, _devices_for(source, listed), listed_at=listed_at, complete=True
+    )
+    state.set(CLAIMS_RESUME_KEY, resume_point(cluster, new_rv))
+    return drift
+
+
+def _devices_for(source: ClusterSource, listed: Any) -> Any:
+    """The published devices, read only when one of the claims holds one of Tessera's."""
+    wanted = any(r.driver == DRA_DRIVER for c in listed if c.allocated for r in c.results)
+    return source.published_devices() if wanted else {}
 
 
 def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> ReconcileRun:
@@ -217,15 +293,8 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         full = True
     if not full and rv:
         try:
-            seen: dict[str, Any] = {}
-            deleted: set[str] = set()
-            for event in source.watch_pods(rv, settings.TESSERA["WATCH_TIMEOUT_S"]):
-                if event.kind == "DELETED":
-                    deleted.add(event.pod.uid)
-                    seen.pop(event.pod.uid, None)
-                else:
-                    seen[event.pod.uid] = event.pod
-                    deleted.discard(event.pod.uid)
+            events = source.watch_pods(rv, settings.TESSERA["WATCH_TIMEOUT_S"])
+            seen, deleted = net_changes((e.kind, e.pod) for e in events)
             # Deadlines pass without any event: look up the pods of expired reservations too.
             for expired in expired_reservations(timezone.now()):
                 if expired.pod_uid in seen:
@@ -264,6 +333,16 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         run.pods_seen, run.nodes_seen = len(pods), len(cluster_nodes)
         state.set(RESUME_KEY, resume_point(cluster, new_rv))
         state.set(LAST_FULL_KEY, str(time.time()))
+    if settings.TESSERA.get("MODE", "extender") == "dra":
+        try:
+            drift += _reconcile_claims(
+                source, state, cluster, full=run.mode == ReconcileRun.Mode.FULL
+            )
+        except ClaimsUnreadable as exc:
+            # The pods' repairs above are done; claims wait for the grant (the chart's worker
+            # role has it in DRA mode), and each pass says so.
+            log.warning("reconcile: claims are not mirrored: %s", exc)
+            drift["claims_unreadable"] += 1
     drift["nodes_stale"] += nodes.mark_stale_nodes(services.SYSTEM)
     # A drained card whose pending mode change the release path missed (a worker died between
     # the release's commit and the change) gets it here.

@@ -163,6 +163,17 @@ def test_inspect_puts_each_pod_under_its_card_with_its_slice() -> None:
     assert lines[-1] == "Allocated/total GPU memory: 10000/81920 MiB (12%)"
 
 
+def test_a_resource_claims_slice_is_named_as_a_claim_in_inspect_and_top() -> None:
+    claim = {**SLICE, "pod": "train-gpu-x7k2p", "container": "gpu", "source": "claim"}
+    node = json.loads(json.dumps(NODE))
+    node["cards"][0]["slices"] = [claim, {**SLICE, "source": "pod"}]
+    rows = inspect_table([node]).splitlines()[3:5]
+    assert rows[0].split() == ["claim", "team-a/train-gpu-x7k2p/gpu", "10000", "30", "bound"]
+    assert rows[1].split() == ["team-a/trainer/app", "10000", "30", "bound"]
+    top = top_table([claim]).splitlines()[1].split()
+    assert top[:4] == ["team-a", "train-gpu-x7k2p", "(claim)", "gpu"]
+
+
 def test_inspect_shows_a_mode_and_a_pending_change_where_the_api_gives_them() -> None:
     node = json.loads(json.dumps(NODE))
     node["cards"][0].update(mode="shared", pending_mode="mig", cordoned=True, healthy=False,

@@ -28,6 +28,7 @@ from controlplane.ledger.models import Card, Node, PodBinding, SchedulingDecisio
 from controlplane.ledger.services import (
     audit,
     bindings,
+    claims,
     confirmations,
     cordons,
     decisions,
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.django_db
 MODULES: tuple[ModuleType, ...] = (
     audit,
     bindings,
+    claims,
     confirmations,
     cordons,
     decisions,
@@ -87,6 +89,12 @@ def _adopt() -> None:
         )
     )  # fmt: skip
     bindings.adopt_binding(record, "test")
+
+
+def _claim(card: str, memory_mib: int = 2000) -> claims.ClaimMirror:
+    """A claim kube-scheduler allocated on `card` of n1, mirrored."""
+    slices = (claims.ClaimSlice(card, "gpu", 0, memory_mib, 20),)
+    return claims.mirror_claim(claims.ClaimRecord("uid-claim", "default", "c", "n1", slices), "t")
 
 
 def _stale() -> None:
@@ -157,6 +165,23 @@ SCENARIOS: dict[str, Scenario] = {
         lambda: bindings.mark_allocated("uid-default-p", "c", ["GPU-n1-0"], "n1", "n1"),
     ),
     "bindings.adopt_binding": (_nothing, _adopt),
+    # a claim allocated anew on the other card: both cards' rows change
+    "claims.mirror_claim": (lambda: _claim("GPU-n1-0"), lambda: _claim("GPU-n1-1", 3000)),
+    "claims.mirror_claims": (
+        _nothing,
+        lambda: claims.mirror_claims(
+            [
+                claims.ClaimRecord(
+                    "uid-c2",
+                    "default",
+                    "c2",
+                    "n2",
+                    (claims.ClaimSlice("GPU-n2-0", "gpu", 0, 1000, 10),),
+                )
+            ],
+            "t",
+        ),
+    ),
     "confirmations.confirm_later": (
         lambda: _reserved("p"),
         lambda: confirmations.confirm_later("uid-default-p", timezone.now()),

@@ -71,6 +71,7 @@ class BindingView:
     reserved_at: datetime | None
     bound_at: datetime | None
     released_at: datetime | None
+    source: str  # pod | claim (a ResourceClaim's row, DRA mode)
     slices: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -98,6 +99,7 @@ BINDING_FIELDS = (
     "reserved_at",
     "bound_at",
     "released_at",
+    "source",
 )
 
 

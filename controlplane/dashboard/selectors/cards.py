@@ -49,6 +49,9 @@ class SliceView:
     resident_mib: int | None = None
     resident_used_mib: int | None = None
     spilled_mib: int | None = None
+    # pod: an extender binding; claim: a ResourceClaim's (DRA mode), `pod` is then the claim's
+    # name and `container` its request's
+    source: str = "pod"
 
 
 def mig_memory_slices(model: str) -> int:
@@ -217,6 +220,7 @@ SLICE_VIEW_FIELDS = (
     "binding__phase",
     "container_name",
     "mig_profile",
+    "binding__source",
 )
 
 
@@ -258,6 +262,7 @@ def card_views(
                 row.mig_start,
                 row.mig_size,
                 row.resident_mib,
+                source=row.binding__source,
             )
         )
     for card in cards:

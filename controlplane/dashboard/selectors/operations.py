@@ -26,6 +26,7 @@ SLICE_API_FIELDS = {
     "resident_mib": "resident_mib",
     "compute_percent": "compute_percent",
     "active": "active",
+    "source": "binding__source",
 }
 
 
