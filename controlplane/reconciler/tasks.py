@@ -333,7 +333,7 @@ def run_reconcile(source: ClusterSource, state: StateStore, *, full: bool) -> Re
         run.pods_seen, run.nodes_seen = len(pods), len(cluster_nodes)
         state.set(RESUME_KEY, resume_point(cluster, new_rv))
         state.set(LAST_FULL_KEY, str(time.time()))
-    if settings.TESSERA.get("MODE", "extender") == "dra":
+    if settings.TESSERA["MODE"] == "dra":
         try:
             drift += _reconcile_claims(
                 source, state, cluster, full=run.mode == ReconcileRun.Mode.FULL
