@@ -42,20 +42,20 @@ class DraApiServer(FakeApiServer):
         query = urllib.parse.parse_qs(url.query)
         self.seen.append({"path": [url.path], **query})
         if self.status != 200:
-            self._send(self.status, {"kind": "Status", "code": self.status, "message": "no"})
+            self.send_json(self.status, {"kind": "Status", "code": self.status, "message": "no"})
         elif url.path == PATH + "resourceclaims":
             # two pages: the second asked with the first's continue token
             if query.get("continue") == ["page-2"]:
                 page = {"metadata": {"resourceVersion": "42"}, "items": [claim("b")]}
             else:
                 page = {"metadata": {"continue": "page-2"}, "items": [claim("a")]}
-            self._send(200, page)
+            self.send_json(200, page)
         elif url.path == PATH + "resourceslices":
             cards = [Card("GPU-n1-0", 0, "NVIDIA A100-SXM4-80GB", 81920, 0)]
             items = build_slices("n1", cards, modes={}, health={}, slots=10, generation=1)
-            self._send(200, {"metadata": {"resourceVersion": "43"}, "items": items})
+            self.send_json(200, {"metadata": {"resourceVersion": "43"}, "items": items})
         else:
-            self._send(404, {"kind": "Status", "code": 404, "message": "not found"})
+            self.send_json(404, {"kind": "Status", "code": 404, "message": "not found"})
 
 
 @pytest.fixture
