@@ -88,6 +88,7 @@ from e2e.dra import (
     device_capacities,
     over_allocated_claims,
     publish_kwok_slices,
+    register_claim_webhook,
     shared_claim_template,
     start_claim_controller,
     with_claim_template,
@@ -211,13 +212,23 @@ class Dra:
 
 
 def prepare_dra(
-    api: Api, nodes: list[str], cards: int, workers: int, controller: Path, qps: int | None
+    cluster: Cluster,
+    api: Api,
+    nodes: list[str],
+    cards: int,
+    workers: int,
+    controller: Path,
+    qps: int | None,
 ) -> Dra:
-    """The chart's DeviceClasses and every kwok node's ResourceSlices, read back as the API
-    server stores them. Fails with the reason when the API server kept fewer devices than were
-    published (a gate off: a shared card stored without its capacities is not Tessera's)."""
+    """The chart's DeviceClasses and its claim webhook (Tessera's quotas on claims and on pods
+    naming templates, called for every (e) pod and claim as in a DRA-mode deployment), and every
+    kwok node's ResourceSlices, read back as the API server stores them. Fails with the reason
+    when the API server kept fewer devices than were published (a gate off: a shared card stored
+    without its capacities is not Tessera's)."""
     started = time.monotonic()
-    classes = apply_device_classes(api, render(sets=("mode=dra",)))
+    docs = render(sets=("mode=dra",))
+    classes = apply_device_classes(api, docs)
+    register_claim_webhook(cluster, api, docs)
     published = publish_kwok_slices(api, nodes, cards=cards, workers=workers)
     stored = api.get(f"{RESOURCE_API}/resourceslices")["items"]
     devices = device_capacities(stored)
@@ -229,7 +240,8 @@ def prepare_dra(
             f"{FEATURE_GATES} on in kube-apiserver?"
         )
     print(
-        f"# (e): DeviceClasses {', '.join(classes)}; {published} ResourceSlices, "
+        f"# (e): DeviceClasses {', '.join(classes)}, the claim webhook; {published} "
+        f"ResourceSlices, "
         f"{len(shared)} shared devices, in {time.monotonic() - started:.0f} s",
         flush=True,
     )
@@ -1053,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         label_burst_nodes(api, sorted(inventories)[: args.burst_nodes])
         if controller is not None:
             dra = prepare_dra(
+                cluster,
                 api,
                 sorted(inventories),
                 args.cards,

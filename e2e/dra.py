@@ -12,6 +12,8 @@ controller, and ResourceSlices for kwok nodes.
   publish for a kwok node's cards, built by the plugin's own builder
   (:func:`nodeplugin.dra_slices.build_slices`), written in parallel (the benchmark publishes
   1,000 nodes x 8 cards).
+- :func:`register_claim_webhook`: the chart's claim webhook (quotas on claims), pointed at the
+  harness's control plane.
 - :func:`apply_device_classes`, :func:`shared_claim_template`, :func:`with_claim_template`: the
   chart's DeviceClasses, and a pod asking a shared card's share through a template, as DRA
   users write it (the benchmark's set-up (e)).
@@ -22,7 +24,10 @@ controller, and ResourceSlices for kwok nodes.
 
 from __future__ import annotations
 
+import base64
+import copy
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
 FEATURE_GATES = {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True}
 CLAIM_CONTROLLER = "resourceclaim-controller"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+WEBHOOK_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 KWOK_MODEL = "NVIDIA A100-SXM4-80GB"
 
 
@@ -168,6 +174,32 @@ def apply_device_classes(api: Api, docs: Iterable[Mapping[str, Any]]) -> list[st
     if not names:
         raise ValueError("the rendered chart has no DeviceClass: was it rendered with mode=dra?")
     return names
+
+
+def register_claim_webhook(cluster: Cluster, api: Api, docs: Iterable[Mapping[str, Any]]) -> str:
+    """Register the ValidatingWebhookConfiguration among ``docs`` (the chart rendered with
+    ``mode=dra``: Tessera's quotas on claims and on pods naming claim templates), pointed at the
+    harness's webhook listener instead of the chart's Service; returns its name, unique per call
+    (delete it with :func:`unregister_claim_webhook`)."""
+    configs = [d for d in docs if d.get("kind") == "ValidatingWebhookConfiguration"]
+    if len(configs) != 1:
+        raise ValueError(
+            f"the rendered chart has {len(configs)} ValidatingWebhookConfigurations, not one: "
+            "was it rendered with mode=dra?"
+        )
+    config = copy.deepcopy(dict(configs[0]))
+    ca_bundle = base64.b64encode((cluster.pki / "ca.crt").read_bytes()).decode()
+    for hook in config["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": cluster.webhook_url + path, "caBundle": ca_bundle}
+    name = f"tessera-claims-{secrets.token_hex(4)}"
+    config["metadata"] = {"name": name}
+    api.post(WEBHOOK_API, config)
+    return name
+
+
+def unregister_claim_webhook(api: Api, name: str) -> None:
+    api.delete(f"{WEBHOOK_API}/{name}")
 
 
 def shared_claim_template(name: str, memory_mib: int, compute: int) -> dict[str, Any]:

@@ -282,6 +282,11 @@ class Api:
         resp.raise_for_status()
         return resp.json()
 
+    def delete(self, path: str, ok: tuple[int, ...] = (200, 202, 404)) -> None:
+        resp = self.session().delete(f"{self.base}{path}", timeout=60)
+        if resp.status_code not in ok:
+            raise RuntimeError(f"DELETE {path}: {resp.status_code} {resp.text[:500]}")
+
     def events(
         self, path: str, stop: threading.Event, timeout: tuple[float, float]
     ) -> Iterator[dict[str, Any]]:

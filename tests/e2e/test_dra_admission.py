@@ -10,7 +10,6 @@ the claims and templates from this API server.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import time
 from collections.abc import Iterator
@@ -21,7 +20,13 @@ import requests
 
 from e2e import objects
 from e2e.cluster import Cluster
-from e2e.dra import CLAIM_CONTROLLER, publish_kwok_slices, start_claim_controller
+from e2e.dra import (
+    CLAIM_CONTROLLER,
+    publish_kwok_slices,
+    register_claim_webhook,
+    start_claim_controller,
+    unregister_claim_webhook,
+)
 from nodeplugin.dra_slices import DRIVER
 
 POOL = "dra-admission"
@@ -106,18 +111,11 @@ def dra(cluster: Cluster, core: Any, kube: Any) -> Iterator[objects.Api]:
     api = objects.Api(cluster)
     with contextlib.suppress(RuntimeError):  # already published on a kept cluster
         publish_kwok_slices(api, [NODE], cards=1, memory_mib=CARD_MIB, slots=4)
-    (config,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
-    ca_bundle = base64.b64encode((cluster.pki / "ca.crt").read_bytes()).decode()
-    for hook in config["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": cluster.webhook_url + path, "caBundle": ca_bundle}
-    config["metadata"] = {"name": objects.unique("tessera-claims-e2e")}
-    registration = client.AdmissionregistrationV1Api(kube)
-    registration.create_validating_webhook_configuration(config)
+    webhook = register_claim_webhook(cluster, api, docs)
     try:
         yield api
     finally:
-        registration.delete_validating_webhook_configuration(config["metadata"]["name"])
+        unregister_claim_webhook(api, webhook)
         cluster.stop_component(CLAIM_CONTROLLER)
 
 
