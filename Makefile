@@ -31,7 +31,7 @@ help:
 	@echo "make lint    ruff, mypy, import-linter"
 	@echo "make e2e     the real-cluster suite alone (make e2e-up / e2e-down: the harness by hand)"
 	@echo "make e2e-chart  the real-cluster suite with the control plane configured from the Helm chart"
-	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera vs HAMi (ARGS=)"
+	@echo "make bench-e2e  1,000 kwok nodes x 8 cards: default scheduler vs no-op extender vs Tessera vs HAMi vs DRA mode (ARGS=)"
 	@echo "make chaos   2,000 GPU pods while every part of the cluster is killed or restarted (PODS=, SEED=)"
 	@echo "make images  the OCI images (control plane, node plugin; test and pause images) under .cache/images/"
 	@echo "make images push REGISTRY=host:port  build and push the control plane and node plugin images"
