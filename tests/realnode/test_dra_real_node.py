@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from e2e import objects
+from e2e.dra import WEBHOOK_API, register_claim_webhook
 from e2e.node import NODE_LABEL, NODE_NAME, RealNodeCluster
 from nodeplugin.dra_slices import DRIVER, slice_name
 from tests.deploy.chart import CHART, run_helm
@@ -46,6 +47,14 @@ def dra_installed(
     run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(path),
              "--kubeconfig", str(node_cluster.kubeconfig), home=home)  # fmt: skip
     api = objects.Api(node_cluster)
+    # The chart's claim webhook names the control plane's Service, which nothing serves here:
+    # the same registration, pointed at the harness's control plane, which plays the chart's.
+    for config in api.get(WEBHOOK_API)["items"]:
+        if any((h.get("clientConfig") or {}).get("service") for h in config["webhooks"]):
+            register_claim_webhook(
+                node_cluster, api, [{**config, "kind": "ValidatingWebhookConfiguration"}]
+            )
+            api.delete(f"{WEBHOOK_API}/{config['metadata']['name']}")
     objects.wait_for(
         lambda: published(api),
         timeout=180,
