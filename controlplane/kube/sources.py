@@ -7,10 +7,11 @@ directly.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from controlplane.scheduling.quantity import parse_quantity
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -174,20 +175,13 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
     )
 
 
-_BINARY = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_WHOLE = re.compile(r"([0-9]+)([A-Za-z]*)")
-
-
 def whole_quantity(text: str) -> int | None:
-    """A whole-number Kubernetes quantity (`80Gi`, `8448Mi`, `30`) as an integer; None for
-    anything else (a fraction, an exponent, a unit Tessera never publishes)."""
-    found = _WHOLE.fullmatch(text.strip())
-    if found is None:
+    """A whole-number Kubernetes quantity (`80Gi`, `8448Mi`, `30`) as an integer, read by the
+    scheduling core's parser; None for anything it refuses (a fraction, a negative, junk)."""
+    try:
+        return parse_quantity(text)
+    except ValueError:
         return None
-    number, unit = found.groups()
-    factor = _BINARY.get(unit) or _DECIMAL.get(unit)
-    return None if factor is None else int(number) * factor
 
 
 def _attribute(attrs: Mapping[str, Any], name: str) -> object:

@@ -143,13 +143,18 @@ def helm_owned(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def node_cluster() -> Iterator[RealNodeCluster]:
+    # Four webhook workers: the API server calls the webhook for 20 pod creates at once.
+    yield from running_harness(run_dir=run_folder("run-realnode"), webhook_workers=4)
+
+
+def running_harness(**options: Any) -> Iterator[RealNodeCluster]:
+    """The real-node harness with these `Options`, up for the caller's fixture and down after;
+    a harness that cannot start fails the test with its reason."""
     try:
         binaries = build_binaries()
     except HarnessError as exc:
         pytest.fail(str(exc), pytrace=False)
-    # Four webhook workers: the API server calls the webhook for 20 pod creates at once.
-    options = Options(run_dir=run_folder("run-realnode"), binaries=binaries, webhook_workers=4)
-    harness = RealNodeCluster(options)
+    harness = RealNodeCluster(Options(binaries=binaries, **options))
     try:
         harness.up()
     except HarnessError as exc:

@@ -18,11 +18,10 @@ import pytest
 
 from controlplane.extender.dra_translate import POD_CLAIM_PREFIX, TEMPLATE_PREFIX
 from e2e import objects
-from e2e.cluster import Options
-from e2e.harness import HarnessError, build_binaries, run_folder
-from e2e.node import NODE_LABEL, NODE_NAME, RealNodeCluster
+from e2e.harness import run_folder
+from e2e.node import NODE_NAME, RealNodeCluster
 from nodeplugin.dra_slices import DRIVER
-from tests.realnode.conftest import CARDS, RELEASE
+from tests.realnode.conftest import CARDS, RELEASE, running_harness
 from tests.realnode.test_dra_real_node import (
     CLAIMS,
     check_the_shim_holds_the_claim,
@@ -30,6 +29,7 @@ from tests.realnode.test_dra_real_node import (
     claim_of,
     delete_and_check_unprepared,
     dra_installed,
+    probe_pod,
 )
 from tests.realnode.test_real_node import running, wait_report
 
@@ -39,26 +39,11 @@ __all__ = ["dra_installed"]  # the fixture, used here as test_dra_real_node.py u
 @pytest.fixture(scope="module")
 def node_cluster() -> Iterator[RealNodeCluster]:
     """The real-node harness with its control plane in DRA mode."""
-    try:
-        binaries = build_binaries()
-    except HarnessError as exc:
-        pytest.fail(str(exc), pytrace=False)
     # A short folder name: the kubelet's plugin sockets live under it, and a unix socket's
     # path holds at most 107 bytes.
-    options = Options(
-        run_dir=run_folder("run-rnh"),
-        binaries=binaries,
-        controlplane_env={"TESSERA_MODE": "dra"},
+    yield from running_harness(
+        run_dir=run_folder("run-rnh"), controlplane_env={"TESSERA_MODE": "dra"}
     )
-    harness = RealNodeCluster(options)
-    try:
-        harness.up()
-    except HarnessError as exc:
-        pytest.fail(f"the e2e cluster with a real node did not come up: {exc}", pytrace=False)
-    try:
-        yield harness
-    finally:
-        harness.down()
 
 
 @pytest.fixture(scope="module")
@@ -75,31 +60,16 @@ def hami_ready(kube: Any, dra_installed: dict[str, Any]) -> dict[str, Any]:
 
 def hami_pod(cluster: RealNodeCluster, name: str, memory_mib: int, cores: int) -> dict[str, Any]:
     """The probe pod as a HAMi user writes it: HAMi's resources, no claim, no scheduler named."""
-    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(memory_mib),
-              "nvidia.com/gpucores": str(cores)}  # fmt: skip
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {NODE_LABEL: "true"},
-            "hostNetwork": True,  # no CNI on the node
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "app",
-                    "image": cluster.image_ref("gpu-test"),
-                    "args": [
-                        f"--inside={memory_mib // 2}",
-                        f"--beyond={memory_mib + 1}",
-                        f"--card-mib={CARDS[0].memory_mib}",
-                        "--sleep",
-                    ],
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
+    pod = probe_pod(cluster, name, "", memory_mib)
+    del pod["spec"]["resourceClaims"]
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {
+            "nvidia.com/gpu": "1",
+            "nvidia.com/gpumem": str(memory_mib),
+            "nvidia.com/gpucores": str(cores),
+        }
     }
+    return pod
 
 
 def test_a_hami_pod_gets_its_claim_and_runs_held_to_its_slice(
